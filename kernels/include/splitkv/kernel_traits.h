@@ -1,0 +1,98 @@
+// Every compile-time tunable of the split and combine kernels, in one struct each.
+// The allowed values come from tunables.h, generated from splitkv_tune/tunables.py,
+// which the host heuristics read too.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "splitkv/tunables.h"
+
+namespace splitkv {
+
+using namespace cute;
+
+template <int kHeadDim_, int kBlockM_, int kBlockKV_, typename Element_>
+struct SplitKernelTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;    // packed query rows per CTA
+  static constexpr int kBlockKV = kBlockKV_;  // keys per pipeline stage
+  static constexpr int kStages = kKVStages;
+  static constexpr int kNWarps = kNumWarps;
+  static constexpr int kNThreads = kNWarps * 32;
+  // Decode tiles (16 rows) put all warps along N so every warp streams keys;
+  // taller tiles put them along M, as FlashAttention-2 does.
+  static constexpr int kWarpsM = kBlockM == 16 ? 1 : kNWarps;
+  static constexpr int kWarpsN = kNWarps / kWarpsM;
+
+  static_assert(is_allowed(kHeadDims, kHeadDim), "head dim not in tunables.h");
+  static_assert(is_allowed(kBlockMs, kBlockM), "block M not in tunables.h");
+  static_assert(is_allowed(kBlockKVs, kBlockKV), "block KV not in tunables.h");
+  static_assert(kBlockM % (16 * kWarpsM) == 0, "every warp needs whole 16-row MMA tiles");
+  static_assert(kBlockKV % (8 * kWarpsN) == 0 && kHeadDim % (8 * kWarpsN) == 0,
+                "every warp needs whole 8-column MMA tiles in both GEMMs");
+  static_assert(std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, cutlass::bfloat16_t>);
+
+  using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
+                                     SM80_16x8x16_F32F16F16F32_TN, SM80_16x8x16_F32BF16BF16F32_TN>;
+  using TiledMma = TiledMMA<MMA_Atom<MmaAtom>, Layout<Shape<Int<kWarpsM>, Int<kWarpsN>, _1>>,
+                            Tile<Int<16 * kWarpsM>, Int<8 * kWarpsN>, _16>>;
+
+  // 128-byte rows swizzled in 16-byte chunks: conflict-free ldmatrix and cp.async.
+  template <int kCols>
+  using SmemAtom = decltype(composition(
+      Swizzle<(kCols >= 64 ? 3 : 2), 3, 3>{},
+      Layout<Shape<_8, Int<(kCols >= 64 ? 64 : 32)>>, Stride<Int<(kCols >= 64 ? 64 : 32)>, _1>>{}));
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom<kHeadDim>{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  // (kBlockKV, kHeadDim, kStages)
+  using SmemLayoutKV =
+      decltype(tile_to_shape(SmemAtom<kHeadDim>{}, Shape<Int<kBlockKV>, Int<kHeadDim>, Int<kStages>>{}));
+  // V seen as (kHeadDim, kBlockKV, kStages): the B operand of P V, read with ldmatrix.trans.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockKV>, Int<kStages>>{},
+                                  Stride<Int<kBlockKV>, _1, Int<kBlockKV * kHeadDim>>{})));
+  using SmemLayoutVtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutVt{}));
+  // (kBlockM, kBlockKV): probabilities, shared by the warps that split the key columns.
+  using SmemLayoutP = decltype(tile_to_shape(SmemAtom<kBlockKV>{}, Shape<Int<kBlockM>, Int<kBlockKV>>{}));
+
+  using SmemCopyA = Copy_Atom<SM75_U32x4_LDSM_N, Element>;   // 16x16 A tile per warp
+  using SmemCopyB = Copy_Atom<SM75_U32x2_LDSM_N, Element>;   // 8x16 B tile per warp (K)
+  using SmemCopyBt = Copy_Atom<SM75_U16x4_LDSM_T, Element>;  // 8x16 B tile per warp (V^T)
+  using SmemCopyC = Copy_Atom<AutoVectorizingCopy, Element>;
+
+  static constexpr int kGmemElemsPerLoad = sizeof(uint128_t) / sizeof(Element);
+  static constexpr int kGmemThreadsPerRow = 64 / kGmemElemsPerLoad;
+  static_assert(kHeadDim % 64 == 0, "K/V tile copies move 64-column slabs");
+  using GmemCopyKV = decltype(make_tiled_copy(
+      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>, Element>{},
+      Layout<Shape<Int<kNThreads / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>,
+             Stride<Int<kGmemThreadsPerRow>, _1>>{},
+      Layout<Shape<_1, Int<kGmemElemsPerLoad>>>{}));
+  static_assert(kBlockKV % (kNThreads / kGmemThreadsPerRow) == 0, "K/V rows split evenly over threads");
+
+  static constexpr int kQElems = kBlockM * kHeadDim;
+  static constexpr int kKVElems = kBlockKV * kHeadDim * kStages;  // K or V, all stages
+  static constexpr int kPElems = kBlockM * kBlockKV;
+  static_assert(decltype(cosize(SmemLayoutQ{}))::value == kQElems);
+  static_assert(decltype(cosize(SmemLayoutKV{}))::value == kKVElems);
+  static_assert(decltype(cosize(SmemLayoutP{}))::value == kPElems);
+  // Per-row partial max and sum exchanged between the warps that share a row.
+  static constexpr int kExchangeFloats = kWarpsN > 1 ? 2 * kWarpsN * kBlockM : 0;
+  static constexpr int kSmemBytes =
+      int(sizeof(Element)) * (kQElems + 2 * kKVElems + kPElems) + 4 * kExchangeFloats;
+};
+
+template <int kHeadDim_, int kThreads_, typename Element_>
+struct CombineKernelTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kThreads = kThreads_;
+  static_assert(is_allowed(kReduceThreads, kThreads), "reduce threads not in tunables.h");
+  static constexpr int kThreadsPerRow = kHeadDim / 4;  // one float4 of O per thread
+  static_assert(32 % kThreadsPerRow == 0, "a row's threads stay inside one warp");
+  static constexpr int kRowsPerBlock = kThreads / kThreadsPerRow;
+  static constexpr int kSmemBytes = 4 * kRowsPerBlock * kMaxSplits;
+};
+
+}  // namespace splitkv

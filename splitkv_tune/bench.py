@@ -1,0 +1,390 @@
+"""Timing used by every command (bench, sweep, compare): one measurement discipline.
+
+* CUDA: the calls are captured in a CUDA graph and each sample is one graph replay
+  bracketed by CUDA events, divided by the launches in the graph (``method="cuda_graph"``);
+  when capture fails, events bracket one pass over the calls queued behind a GPU sleep
+  (``"cuda_events"``). CPU: ``time.perf_counter`` around one pass (``"wallclock"``).
+* Warm-up runs for ``warmup_s`` seconds first. Sampling then runs until ``max_time_s`` has
+  passed and at least ``min_reps`` samples exist (``min_reps`` wins), at most ``max_reps``.
+* Cold L2: the calls rotate over input sets whose total footprint is at least twice the
+  device's L2 (``torch.cuda.get_device_properties(...).L2_cache_size``).
+* Before a config is timed its output is checked against ``reference.attention_ref`` in
+  fp32; the tolerance is twice the error of plain PyTorch attention computed in the input
+  dtype plus a small absolute term. A wrong or NaN output gives ``status="wrong"`` and is
+  never timed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from splitkv_tune import tunables
+from splitkv_tune.tunables import Config, Shape
+
+BACKENDS = ("cuda", "reference")
+TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+ABS_TOLERANCE = {"fp16": 1e-3, "bf16": 4e-3}
+MAX_INPUT_SETS = 1024
+MIN_LAUNCHES_PER_GRAPH = 16
+MAX_REPS = 2000
+FAILURE_EXCEPTIONS = (ValueError, TypeError, RuntimeError, NotImplementedError, AssertionError)
+
+
+@dataclasses.dataclass
+class Timing:
+    """One measurement: raw per-launch samples in µs and their summary."""
+
+    samples_us: list[float]
+    median_us: float
+    p20_us: float
+    p80_us: float
+    iqr_us: float
+    n: int
+    status: str = "ok"
+    reason: str = ""
+    method: str = ""
+    input_sets: int = 1
+    max_abs_err: float | None = None
+
+    @classmethod
+    def from_samples(cls, samples_us: Sequence[float], method: str,
+                     input_sets: int = 1) -> "Timing":
+        """Summarise raw samples.
+
+        >>> t = Timing.from_samples([float(x) for x in range(1, 11)], "wallclock")
+        >>> t.median_us, t.p20_us, t.p80_us, t.iqr_us, t.n
+        (5.5, 2.8, 8.2, 4.5, 10)
+        """
+        xs = sorted(float(x) for x in samples_us)
+        return cls(samples_us=list(samples_us), median_us=statistics.median(xs),
+                   p20_us=_quantile(xs, 0.2), p80_us=_quantile(xs, 0.8),
+                   iqr_us=_quantile(xs, 0.75) - _quantile(xs, 0.25), n=len(xs),
+                   method=method, input_sets=input_sets)
+
+    @classmethod
+    def failure(cls, status: str, reason: str, method: str = "",
+                max_abs_err: float | None = None) -> "Timing":
+        nan = float("nan")
+        return cls([], nan, nan, nan, nan, 0, status=status, reason=reason, method=method,
+                   max_abs_err=max_abs_err)
+
+    def gbps(self, nbytes: int) -> float:
+        """Bytes moved per second, 1e9 units (NaN unless ok)."""
+        if self.status != "ok" or not self.median_us > 0:
+            return float("nan")
+        return nbytes / self.median_us / 1e3
+
+
+def _quantile(sorted_xs: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile of already sorted values."""
+    pos = (len(sorted_xs) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
+
+
+def describe_error(err: BaseException, limit: int = 300) -> str:
+    text = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+    return text[:limit]
+
+
+def default_device(backend: str) -> torch.device:
+    if backend == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _stop(n: int, elapsed: float, min_reps: int, max_time_s: float) -> bool:
+    return n >= MAX_REPS or (n >= min_reps and elapsed >= max_time_s)
+
+
+def _time_wallclock(fns, warmup_s, min_reps, max_time_s) -> Timing:
+    start = time.perf_counter()
+    while True:
+        for fn in fns:
+            fn()
+        if time.perf_counter() - start >= warmup_s:
+            break
+    samples = []
+    start = time.perf_counter()
+    while not _stop(len(samples), time.perf_counter() - start, min_reps, max_time_s):
+        t0 = time.perf_counter()
+        for fn in fns:
+            fn()
+        samples.append((time.perf_counter() - t0) * 1e6 / len(fns))
+    return Timing.from_samples(samples, "wallclock", len(fns))
+
+
+def _capture_graph(fns, repeat: int, device) -> "torch.cuda.CUDAGraph":
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeat):
+            for fn in fns:
+                fn()
+    torch.cuda.synchronize(device)
+    return graph
+
+
+def _time_cuda(fns, device, warmup_s, min_reps, max_time_s, method) -> Timing:
+    run: Callable[[], object]
+    launches = len(fns)
+    used = "cuda_events"
+    if method in ("auto", "cuda_graph"):
+        repeat = max(1, math.ceil(MIN_LAUNCHES_PER_GRAPH / len(fns)))
+        try:
+            graph = _capture_graph(fns, repeat, device)
+            run, launches, used = graph.replay, repeat * len(fns), "cuda_graph"
+        except RuntimeError:
+            if method == "cuda_graph":
+                raise
+            torch.cuda.synchronize(device)
+    if used == "cuda_events":
+        def run():
+            for fn in fns:
+                fn()
+    start = time.perf_counter()
+    while True:
+        run()
+        torch.cuda.synchronize(device)
+        if time.perf_counter() - start >= warmup_s:
+            break
+    pairs = []
+    start = time.perf_counter()
+    samples: list[float] = []
+    while not _stop(len(samples), time.perf_counter() - start, min_reps, max_time_s):
+        if used == "cuda_events":
+            torch.cuda._sleep(200_000)  # lets the host queue the batch ahead of the GPU
+        pairs = []
+        for _ in range(8):
+            begin = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            begin.record()
+            run()
+            end.record()
+            pairs.append((begin, end))
+        torch.cuda.synchronize(device)
+        samples.extend(b.elapsed_time(e) * 1e3 / launches for b, e in pairs)
+    return Timing.from_samples(samples, used, len(fns))
+
+
+def time_callable(fns: Sequence[Callable[[], object]], *, device=None, warmup_s: float = 0.05,
+                  min_reps: int = 20, max_time_s: float = 0.2, method: str = "auto") -> Timing:
+    """Time ``fns`` (one call per input set, run in rotation); each sample is µs per call.
+
+    >>> t = time_callable([lambda: sum(range(100))], warmup_s=0, min_reps=5, max_time_s=0)
+    >>> t.n, t.method, t.status
+    (5, 'wallclock', 'ok')
+    """
+    if not fns:
+        raise ValueError("time_callable needs at least one callable")
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    with torch.inference_mode():
+        if device.type == "cuda":
+            return _time_cuda(list(fns), device, warmup_s, min_reps, max_time_s, method)
+        return _time_wallclock(list(fns), warmup_s, min_reps, max_time_s)
+
+
+def copy_bandwidth_gbps(device=None, nbytes: int | None = None, **timing_kwargs) -> float:
+    """Device-to-device copy bandwidth: (bytes read + bytes written) / median time, 1e9 B/s."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if nbytes is None:
+        if device.type == "cuda":
+            l2 = torch.cuda.get_device_properties(device).L2_cache_size
+            nbytes = max(512 << 20, 8 * l2)
+        else:
+            nbytes = 16 << 20
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    timing = time_callable([lambda: dst.copy_(src)], device=device, **timing_kwargs)
+    return 2 * nbytes / timing.median_us / 1e3
+
+
+def input_sets_needed(shape: Shape, device) -> int:
+    """Input sets to rotate so that their footprint is at least twice the L2 (1 on CPU)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 1
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    return int(min(MAX_INPUT_SETS, max(1, math.ceil(2 * l2 / shape.bytes_moved()))))
+
+
+def make_inputs(shape: Shape, device, n_sets: int = 1, seed: int = 0) -> list[tuple]:
+    """``n_sets`` fresh (q, k, v) triples in FlashAttention layout."""
+    device = torch.device(device)
+    dtype = TORCH_DTYPES[shape.dtype]
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q_shape = (shape.batch, shape.q_len, shape.q_heads, shape.head_dim)
+    kv_shape = (shape.batch, shape.kv_len, shape.kv_heads, shape.head_dim)
+    return [tuple(torch.randn(s, generator=gen, device=device, dtype=dtype)
+                  for s in (q_shape, kv_shape, kv_shape)) for _ in range(n_sets)]
+
+
+def attention_in_dtype(q, k, v, causal: bool, scale: float) -> torch.Tensor:
+    """Plain attention with matmuls in the input dtype (the error budget's yardstick)."""
+    group = q.shape[2] // k.shape[2]
+    qt = q.transpose(1, 2)
+    kt = k.transpose(1, 2).repeat_interleave(group, dim=1)
+    vt = v.transpose(1, 2).repeat_interleave(group, dim=1)
+    scores = (qt @ kt.transpose(-1, -2)) * scale
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        rows = torch.arange(sq, device=q.device)[:, None]
+        cols = torch.arange(sk, device=q.device)[None, :]
+        scores = scores.masked_fill(cols > rows + sk - sq, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
+    return (probs @ vt).transpose(1, 2)
+
+
+def resolve_auto(shape: Shape, config: Config, num_sms: int = 132) -> Config:
+    """Concrete config for the reference backend: ``"auto"`` fields get FA2's split count,
+    ``block_kv=64``, ``reduce_threads=128`` and the ``blocks`` policy."""
+    auto = {"num_splits": tunables.fa2_num_splits(shape, num_sms), "block_kv": 64,
+            "reduce_threads": 128, "split_policy": "blocks"}
+    return Config(**{f: auto[f] if getattr(config, f) == "auto" else getattr(config, f)
+                     for f in auto})
+
+
+class ShapeBench:
+    """Inputs, reference and timing for one shape, reused across the configs measured on it."""
+
+    def __init__(self, shape: Shape, *, backend: str = "cuda", device=None,
+                 warmup_s: float = 0.05, min_reps: int = 20, max_time_s: float = 0.2,
+                 check: bool = True, seed: int = 0, num_sms: int = 132):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.shape = shape.validate()
+        self.backend = backend
+        self.device = torch.device(device) if device is not None else default_device(backend)
+        self.timing_kwargs = {"warmup_s": warmup_s, "min_reps": min_reps,
+                              "max_time_s": max_time_s}
+        self.check = check
+        self.num_sms = num_sms
+        self.scale = 1.0 / math.sqrt(shape.head_dim)
+        self.inputs = make_inputs(shape, self.device, input_sets_needed(shape, self.device), seed)
+        self._reference: tuple[torch.Tensor, float] | None = None
+        self._workspace_buffer: torch.Tensor | None = None
+
+    def launcher(self, config: Config, q, k, v) -> Callable[[], torch.Tensor]:
+        """A zero-argument callable running ``config`` on one input set."""
+        shape = self.shape
+        if self.backend == "reference":
+            from splitkv_tune import reference
+            c = resolve_auto(shape, config, self.num_sms)
+            return lambda: reference.splitkv_attention_ref(
+                q, k, v, causal=shape.causal, softmax_scale=self.scale,
+                num_splits=c.num_splits, block_kv=c.block_kv, split_policy=c.split_policy)
+        from splitkv_tune import ops
+        workspace = None
+        if isinstance(config.num_splits, int):
+            workspace = self._workspace(ops.workspace_size(q, k, config.num_splits))
+        return lambda: ops.splitkv_attention(
+            q, k, v, causal=shape.causal, softmax_scale=self.scale,
+            num_splits=config.num_splits, block_kv=config.block_kv,
+            reduce_threads=config.reduce_threads, split_policy=config.split_policy,
+            workspace=workspace)
+
+    def _workspace(self, nbytes: int) -> torch.Tensor | None:
+        """One workspace shared by every input set (the launches are stream-ordered)."""
+        if not nbytes:
+            return None
+        if self._workspace_buffer is None or self._workspace_buffer.numel() < nbytes:
+            self._workspace_buffer = None
+            self._workspace_buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return self._workspace_buffer[:nbytes]
+
+    def reference(self) -> tuple[torch.Tensor, float]:
+        """fp32 reference output of input set 0 and the tolerance of this shape."""
+        if self._reference is None:
+            from splitkv_tune import reference
+            q, k, v = self.inputs[0]
+            outs, lowp_err = [], 0.0
+            for b in range(self.shape.batch):
+                qb, kb, vb = q[b:b + 1], k[b:b + 1], v[b:b + 1]
+                ref = reference.attention_ref(qb.float(), kb.float(), vb.float(),
+                                              causal=self.shape.causal,
+                                              softmax_scale=self.scale)[0].float()
+                lowp = attention_in_dtype(qb, kb, vb, self.shape.causal, self.scale)
+                lowp_err = max(lowp_err, (lowp.float() - ref).abs().max().item())
+                outs.append(ref)
+            tol = 2 * lowp_err + ABS_TOLERANCE[self.shape.dtype]
+            self._reference = (torch.cat(outs), tol)
+        return self._reference
+
+    def verify(self, out: torch.Tensor) -> tuple[bool, float, float]:
+        """(passed, max abs error, tolerance) of one output against the fp32 reference."""
+        ref, tol = self.reference()
+        if out.shape != ref.shape:
+            return False, float("nan"), tol
+        err = (out.float() - ref).abs().max().item()
+        return bool(err <= tol), err, tol  # NaN compares false: never passes
+
+    def measure(self, config: Config) -> Timing:
+        """Check then time ``config``; failures come back as a Timing with a reason."""
+        return self.measure_launcher(lambda q, k, v: self.launcher(config, q, k, v))
+
+    def measure_launcher(self, make_fn: Callable[..., Callable[[], object]]) -> Timing:
+        """Check then time ``make_fn(q, k, v)`` over the rotating input sets.
+
+        ``make_fn`` returns a zero-argument callable whose result is the output in
+        ``(B, Sq, Hq, D)`` layout (or a tuple starting with it).
+        """
+        with torch.inference_mode():
+            try:
+                fns = [make_fn(*qkv) for qkv in self.inputs]
+                out = fns[0]()
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+            except FAILURE_EXCEPTIONS as err:
+                return Timing.failure("failed", describe_error(err))
+            err_value = None
+            if self.check:
+                if isinstance(out, tuple):
+                    out = out[0]
+                passed, err_value, tol = self.verify(out)
+                if not passed:
+                    return Timing.failure(
+                        "wrong", f"max abs error {err_value:.3g} > tolerance {tol:.3g}",
+                        max_abs_err=err_value)
+            try:
+                timing = time_callable(fns, device=self.device, **self.timing_kwargs)
+            except FAILURE_EXCEPTIONS as err:
+                return Timing.failure("failed", describe_error(err), max_abs_err=err_value)
+        timing.max_abs_err = err_value
+        return timing
+
+
+def measure_config(shape: Shape, config: Config, *, backend: str = "cuda", device=None,
+                   warmup_s: float = 0.05, min_reps: int = 20, max_time_s: float = 0.2,
+                   check: bool = True) -> Timing:
+    """Check and time one config on one shape (builds inputs; use ShapeBench for many)."""
+    return ShapeBench(shape, backend=backend, device=device, warmup_s=warmup_s,
+                      min_reps=min_reps, max_time_s=max_time_s, check=check).measure(config)
+
+
+def backend_problem(backend: str) -> str | None:
+    """Why ``backend`` cannot run here, or ``None`` when it can."""
+    if backend == "reference":
+        try:
+            from splitkv_tune import reference  # noqa: F401
+        except ImportError as err:
+            return f"the reference backend cannot be imported ({describe_error(err)})"
+        return None
+    if not torch.cuda.is_available():
+        return "the cuda backend needs a CUDA GPU and none is present"
+    try:
+        from splitkv_tune import ops  # noqa: F401
+    except ImportError as err:
+        return (f"the CUDA extension cannot be imported ({describe_error(err)}); "
+                "run pip install -e .")
+    return None

@@ -1,0 +1,15 @@
+"""The ``splitkv-tune`` command line: a click group; each command lives in a module of its own."""
+import click
+
+from splitkv_tune.cli_tables import evaluate, export, plot, select
+from splitkv_tune.cli_tune import bench, compare, env, sweep, table
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="splitkv-tune")
+def main() -> None:
+    """Tune and benchmark the split-KV FlashAttention kernel; export heuristic tables."""
+
+
+for command in (bench, sweep, table, compare, env, select, evaluate, export, plot):
+    main.add_command(command)

@@ -1,0 +1,217 @@
+"""``splitkv-tune select | evaluate | export | plot``: commands that read heuristic tables.
+
+Each command delegates to ``selector``, ``evaluation``, ``export`` or ``plot``. A bad table
+(or trials file, or shapes file) ends the command with exit code 2 and one line naming the
+file and the problem.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import click
+import pandas as pd
+
+from splitkv_tune import tunables
+from splitkv_tune.gpus import profile_for, resolve_gpu
+from splitkv_tune.selector import (TABLES_ENV, HeuristicTable, load_table_for_gpu, select_shape,
+                                   table_path_for_gpu)
+from splitkv_tune.table_schema import SHAPE_COLUMNS, TableError, read_heuristics, read_trials
+from splitkv_tune.tunables import Shape
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+def _exit_2_on_bad_input(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from splitkv_tune.space import GridError
+        try:
+            return fn(*args, **kwargs)
+        except (TableError, GridError) as exc:
+            _fail(str(exc))
+        except ValueError as exc:
+            _fail(f"bad shape or option: {exc}")
+    return wrapper
+
+
+def _load_table(table: str | None, gpu: str | None):
+    """(HeuristicTable or None, description of where it came from)."""
+    if table is not None:
+        df = read_heuristics(table, gpu=gpu)
+        return HeuristicTable(df, gpu=gpu, source=table), table
+    if gpu is None:
+        _fail("name a GPU (--gpu) or a table (--table)")
+    loaded = load_table_for_gpu(gpu)
+    if loaded is None and profile_for(gpu) is None:
+        _fail(f"unknown GPU {gpu!r}: no table in ${TABLES_ENV} or results/{resolve_gpu(gpu)}/ "
+              "and no profile in configs/gpus.yaml")
+    return loaded, str(table_path_for_gpu(gpu)) if loaded is not None else "none"
+
+
+def shape_options(fn):
+    """The shape given on the command line (all optional here; checked by the command)."""
+    opts = [
+        click.option("--dtype", type=click.Choice(tunables.DTYPES), default="bf16", show_default=True),
+        click.option("--head-dim", type=int, default=128, show_default=True),
+        click.option("--batch", type=int, default=1, show_default=True),
+        click.option("--q-heads", type=int, default=None, help="query heads [default: --kv-heads]"),
+        click.option("--kv-heads", type=int, default=None, help="KV heads [default: --q-heads]"),
+        click.option("--q-len", type=int, default=1, show_default=True, help="query length Sq"),
+        click.option("--kv-len", type=int, default=None, help="KV length Sk"),
+        click.option("--causal/--no-causal", default=False, show_default=True),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def _shape_from(dtype, head_dim, batch, q_heads, kv_heads, q_len, kv_len, causal) -> Shape:
+    if kv_len is None or (q_heads is None and kv_heads is None):
+        raise click.UsageError("give at least --kv-len and --q-heads or --kv-heads")
+    q_heads = q_heads if q_heads is not None else kv_heads
+    kv_heads = kv_heads if kv_heads is not None else q_heads
+    return Shape(dtype, head_dim, batch, q_heads, kv_heads, q_len, kv_len, causal).validate()
+
+
+@click.command()
+@click.option("--gpu", default=None, help="GPU name or flag (h200, 'NVIDIA H200', ...)")
+@click.option("--table", type=click.Path(dir_okay=False), default=None,
+              help=f"heuristics.csv [default: ${TABLES_ENV}/<gpu>/ then results/<gpu>/]")
+@shape_options
+@_exit_2_on_bad_input
+def select(gpu, table, **shape_kw):
+    """Print the config the selector chooses for one shape, and why."""
+    shape = _shape_from(**shape_kw)
+    loaded, where = _load_table(table, gpu)
+    sel = select_shape(loaded, shape, gpu)
+    c = sel.config
+    click.echo(f"config: num_splits={c.num_splits} block_kv={c.block_kv} "
+               f"reduce_threads={c.reduce_threads} split_policy={c.split_policy}")
+    click.echo(f"why: {sel.reason}")
+    click.echo(f"table: {where}")
+    click.echo(f"workspace: {tunables.workspace_bytes(shape, c.num_splits)} bytes")
+
+
+def _shapes_file(path: str) -> list[Shape]:
+    if path.endswith((".yaml", ".yml")):
+        from splitkv_tune.space import load_grid
+        return list(load_grid(path).shapes)
+    from splitkv_tune.table_schema import _read_csv
+    raw = _read_csv(path)
+    missing = [c for c in SHAPE_COLUMNS if c not in raw.columns]
+    if missing:
+        raise TableError(path, "missing columns: " + ", ".join(missing))
+    shapes = []
+    for i, r in enumerate(raw[SHAPE_COLUMNS].to_dict("records")):
+        try:
+            shapes.append(Shape(r["dtype"], int(r["head_dim"]), int(r["batch"]), int(r["q_heads"]),
+                                int(r["kv_heads"]), int(r["q_len"]), int(r["kv_len"]),
+                                r["causal"].lower() in ("1", "true")).validate())
+        except ValueError as exc:
+            raise TableError(path, f"row {i + 1} (line {i + 2}): {exc}") from None
+    if not shapes:
+        raise TableError(path, "empty table (no rows)")
+    return shapes
+
+
+def _write_reports(df: pd.DataFrame, out_csv, out_md, header: str) -> None:
+    from splitkv_tune.evaluation import to_markdown
+    text = header + "\n" + to_markdown(df)
+    click.echo(text)
+    if out_csv:
+        Path(out_csv).parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(out_csv, index=False)
+    if out_md:
+        Path(out_md).parent.mkdir(parents=True, exist_ok=True)
+        Path(out_md).write_text(text)
+
+
+@click.command()
+@click.option("--gpu", default="h200", show_default=True, help="GPU whose table/profile to use")
+@click.option("--table", type=click.Path(dir_okay=False), default=None, help="heuristics.csv")
+@click.option("--from-trials", "trials", type=click.Path(dir_okay=False), default=None,
+              help="offline: leave-one-out regret against this trials.csv (no GPU)")
+@click.option("--shapes", "shapes_file", type=click.Path(dir_okay=False), default=None,
+              help="shapes to measure: a CSV with the shape columns or a grid YAML")
+@click.option("--max-time-s", type=float, default=0.2, show_default=True,
+              help="timing budget per config")
+@click.option("--out-csv", type=click.Path(dir_okay=False), default=None)
+@click.option("--out-md", type=click.Path(dir_okay=False), default=None)
+@shape_options
+@_exit_2_on_bad_input
+def evaluate(gpu, table, trials, shapes_file, max_time_s, out_csv, out_md, **shape_kw):
+    """Regret (time / best - 1) of the selector, FA2's heuristic and S=1 per shape.
+
+    With --from-trials: every measured shape is held out of the table and selected from the
+    rest (regret on shapes not in the table), plus the analytic fallback alone. Otherwise
+    each shape (--shapes or the shape options) is timed on this GPU: the selected config,
+    FA2's, S=1 and every config of the search space.
+    """
+    from splitkv_tune import evaluation
+    if trials is not None:
+        df = evaluation.evaluate_trials(read_trials(trials), gpu, leave_one_out=True)
+        cmp = {n: evaluation.summarize(df[f"{n}_regret"]) for n in ("fallback", "fa2")}
+        verdict = "better" if cmp["fallback"]["geomean"] < cmp["fa2"]["geomean"] else "NOT better"
+        header = (f"# Selector regret, leave-one-out over {trials} (GPU {resolve_gpu(gpu)})\n\n"
+                  f"Analytic fallback vs FlashAttention-2 heuristic: {verdict} "
+                  f"(geomean {cmp['fallback']['geomean'] * 100:.2f}% vs "
+                  f"{cmp['fa2']['geomean'] * 100:.2f}%).\n")
+        _write_reports(df, out_csv, out_md, header)
+        return
+    from splitkv_tune.bench import backend_problem
+    shapes = _shapes_file(shapes_file) if shapes_file else [_shape_from(**shape_kw)]
+    loaded, where = _load_table(table, gpu)
+    problem = backend_problem("cuda")
+    if problem:
+        _fail(problem)
+    rows = [evaluation.measure_shape(s, gpu, {"max_time_s": max_time_s}, loaded) for s in shapes]
+    _write_reports(pd.DataFrame(rows), out_csv, out_md,
+                   f"# Selector regret measured on {resolve_gpu(gpu)} (table: {where})\n")
+
+
+@click.command()
+@click.option("--format", "fmt", type=click.Choice(["csv", "json", "cpp-header"]), required=True)
+@click.option("--gpu", default=None, help="GPU whose rows to export [default: the table's]")
+@click.option("--table", type=click.Path(dir_okay=False), default=None,
+              help="heuristics.csv [default: the --gpu table found like select does]")
+@click.option("-o", "--output", required=True, type=click.Path(),
+              help="file (csv, cpp-header) or directory (json)")
+@_exit_2_on_bad_input
+def export(fmt, gpu, table, output):
+    """Export a heuristics table as CSV, per-device JSON files or a C++ header."""
+    from splitkv_tune import export as ex
+    if table is None:
+        if gpu is None:
+            _fail("name a GPU (--gpu) or a table (--table)")
+        path = table_path_for_gpu(gpu)
+        if path is None:
+            _fail(f"unknown GPU {gpu!r}: no table in ${TABLES_ENV} or results/{resolve_gpu(gpu)}/")
+        table = str(path)
+    df = read_heuristics(table, gpu=gpu)
+    if fmt == "csv":
+        paths = [ex.export_csv(df, output, gpu, table)]
+    elif fmt == "json":
+        paths = ex.export_json(df, output, gpu, table)
+    else:
+        paths = [ex.export_cpp_header(df, output, gpu, table)]
+    for p in paths:
+        click.echo(f"wrote {p}")
+
+
+@click.command()
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", default="best_splits.png", show_default=True,
+              help="output directory or base name (PNG and SVG are written)")
+@click.option("--gpu", default="h200", show_default=True,
+              help="GPU of a trials.csv (SM count for FA2's heuristic)")
+@_exit_2_on_bad_input
+def plot(path, output, gpu):
+    """Heatmaps (best S, speed-ups, noise) and bandwidth curves of a heuristics or trials CSV."""
+    from splitkv_tune.plot import plot_all
+    for p in plot_all(path, output, gpu):
+        click.echo(f"wrote {p}")

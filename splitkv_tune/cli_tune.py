@@ -1,0 +1,368 @@
+"""``splitkv-tune bench | sweep | table | compare | env``: thin click layers over the modules."""
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import sys
+from pathlib import Path
+
+import click
+
+from splitkv_tune import space, tunables
+from splitkv_tune.tunables import Config, Shape
+
+BACKEND_OPTION = click.option("--backend", type=click.Choice(["cuda", "reference"]),
+                              default="cuda", show_default=True,
+                              help="cuda: the kernel; reference: the PyTorch reference "
+                                   "(runs on the CPU, for testing the pipeline).")
+
+
+def _timing_options(fn):
+    for opt in reversed([
+        click.option("--warmup-s", type=float, default=None,
+                     help="Warm-up seconds per config (default: the grid's, else 0.05)."),
+        click.option("--min-reps", type=int, default=None,
+                     help="Fewest samples per config (default: the grid's, else 20)."),
+        click.option("--max-time-s", type=float, default=None,
+                     help="Sampling time per config once --min-reps is met "
+                          "(default: the grid's, else 0.2)."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def _timing(base: dict, warmup_s, min_reps, max_time_s) -> dict:
+    timing = dict(base)
+    for key, value in (("warmup_s", warmup_s), ("min_reps", min_reps), ("max_time_s", max_time_s)):
+        if value is not None:
+            timing[key] = value
+    return timing
+
+
+def _parse_list(values, name: str, cast):
+    """Comma lists from repeated options, e.g. ``--splits 1,8 --splits 16``; ``auto`` kept."""
+    out = []
+    for value in values:
+        for item in str(value).split(","):
+            item = item.strip()
+            if not item:
+                continue
+            if item == "auto":
+                out.append("auto")
+                continue
+            try:
+                out.append(cast(item))
+            except ValueError:
+                raise click.BadParameter(f"{item!r} is not a valid value", param_hint=name)
+    return list(dict.fromkeys(out)) or ["auto"]
+
+
+def parse_duration(text: str | None) -> float | None:
+    """Seconds from ``90``, ``90s``, ``30m``, ``8h`` or ``1h30m``.
+
+    >>> parse_duration("1h30m"), parse_duration("45"), parse_duration(None)
+    (5400.0, 45.0, None)
+    """
+    if text is None:
+        return None
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", text)
+    if not parts or "".join(a + b for a, b in parts) != text.replace(" ", ""):
+        raise click.BadParameter(f"{text!r} is not a duration like 90s, 30m or 8h",
+                                 param_hint="--time-budget")
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[unit] for n, unit in parts)
+
+
+def _backend_or_exit(backend: str) -> None:
+    from splitkv_tune import bench
+    problem = bench.backend_problem(backend)
+    if problem:
+        raise click.UsageError(f"--backend {backend}: {problem}")
+
+
+def _num_sms(backend: str, gpu: str | None) -> int:
+    import torch
+    from splitkv_tune import gpus
+    if backend == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    profile = gpus.profile_for(gpu) if gpu else None
+    return profile.sms if profile else 132
+
+
+def _smem_limit(backend: str, profile) -> int | None:
+    """Opt-in shared memory per block of the device (or of the named GPU's profile)."""
+    import torch
+    if backend == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        limit = getattr(props, "shared_memory_per_block_optin", None)
+        if limit:
+            return int(limit)
+    return profile.smem_per_sm - 1024 if profile else None
+
+
+@click.command()
+@click.option("--batch", type=int, default=1, show_default=True)
+@click.option("--q-heads", type=int, default=32, show_default=True)
+@click.option("--kv-heads", type=int, default=8, show_default=True)
+@click.option("--q-len", type=int, default=1, show_default=True)
+@click.option("--kv-len", type=int, default=4096, show_default=True)
+@click.option("--head-dim", type=int, default=128, show_default=True)
+@click.option("--dtype", type=click.Choice(tunables.DTYPES), default="bf16", show_default=True)
+@click.option("--causal/--no-causal", default=False, show_default=True)
+@click.option("--splits", multiple=True,
+              help="num_splits values, comma separated or repeated; auto.")
+@click.option("--block-kv", multiple=True, help="BLOCK_KV values (32, 64, 128) or auto.")
+@click.option("--reduce-threads", multiple=True, help="Combine block sizes (64, 128, 256) or auto.")
+@click.option("--policy", multiple=True, help="Split policies (length, blocks) or auto.")
+@BACKEND_OPTION
+@click.option("--no-check", is_flag=True, help="Skip the check against the reference.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False),
+              help="Also write the rows here.")
+@_timing_options
+def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, splits, block_kv,
+          reduce_threads, policy, backend, no_check, csv_path, warmup_s, min_reps, max_time_s):
+    """Time one shape with one or several configs (the product of the lists)."""
+    from splitkv_tune import bench as bench_mod
+    from splitkv_tune import table
+
+    try:
+        shape = Shape(dtype, head_dim, batch, q_heads, kv_heads, q_len, kv_len, causal).validate()
+    except ValueError as err:
+        raise click.UsageError(f"bad shape: {err}")
+    configs = [Config(*values) for values in itertools.product(
+        _parse_list(splits, "--splits", int), _parse_list(block_kv, "--block-kv", int),
+        _parse_list(reduce_threads, "--reduce-threads", int), _parse_list(policy, "--policy", str))]
+    _backend_or_exit(backend)
+    timing = _timing(space.TIMING_DEFAULTS, warmup_s, min_reps, max_time_s)
+    shape_bench = bench_mod.ShapeBench(shape, backend=backend, check=not no_check,
+                                       num_sms=_num_sms(backend, None), **timing)
+    copy_bw = bench_mod.copy_bandwidth_gbps(shape_bench.device, **timing)
+    rows = []
+    for config in configs:
+        result = shape_bench.measure(config)
+        gbps = result.gbps(shape.bytes_moved())
+        rows.append({"num_splits": config.num_splits, "block_kv": config.block_kv,
+                     "reduce_threads": config.reduce_threads, "split_policy": config.split_policy,
+                     "status": result.status, "median_us": result.median_us,
+                     "p20_us": result.p20_us, "p80_us": result.p80_us, "n": result.n,
+                     "gbps": gbps, "pct_copy_bw": 100 * gbps / copy_bw, "method": result.method,
+                     "reason": result.reason})
+    import pandas as pd
+    frame = pd.DataFrame(rows)
+    click.echo(f"{space.shape_key(shape)}  backend={backend}  device={shape_bench.device}  "
+               f"copy bandwidth {copy_bw:.1f} GB/s  bytes moved {shape.bytes_moved()}")
+    shown = frame.rename(columns={"median_us": "µs", "gbps": "GB/s", "pct_copy_bw": "% copy bw"})
+    click.echo(shown.to_string(index=False, float_format=lambda x: f"{x:.2f}", na_rep="-"))
+    if csv_path:
+        table.atomic_write_csv(csv_path, frame)
+
+
+@click.command()
+@click.option("--gpu", default="auto", show_default=True,
+              help="Table name (a100, h100, h200, auto, ...); must match the device unless "
+                   "--force. "
+                   "On --backend reference the device is 'cpu_reference'.")
+@click.option("--grid", default="quick", show_default=True, help="quick, full or a YAML path.")
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(tunables.DTYPES),
+              help="Only these dtypes of the grid.")
+@click.option("--head-dim", "head_dims", multiple=True, type=int, help="Only these head dims.")
+@click.option("--shapes", "patterns", multiple=True,
+              help="Only shapes whose key matches this glob, e.g. '*_b1_*'.")
+@click.option("--trials", type=click.IntRange(min=1), default=None,
+              help="Configs to measure per shape "
+                   "(default: every candidate with grid, 64 with tpe).")
+@click.option("--time-budget", default=None,
+              help="Wall-clock budget for this run (90s, 30m, 8h), shared evenly by the "
+                   "shapes left.")
+@click.option("--sampler", type=click.Choice(["auto", "grid", "tpe"]), default="auto",
+              show_default=True)
+@click.option("--storage", default=None,
+              help="Optuna storage: an RDB URL or a journal file (default <out>/optuna.journal).")
+@click.option("--study-prefix", default=None, help="Study names are PREFIX + shape key "
+              "(default 'splitkv:<gpu>:').")
+@BACKEND_OPTION
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Output directory (default results/<gpu>/).")
+@click.option("--dry-run", is_flag=True, help="Print the grid, the trial count and an estimate.")
+@click.option("--resume", is_flag=True, help="Continue the studies in the storage.")
+@click.option("--force", is_flag=True, help="Write a table named by --gpu on another device.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bars (default: on a terminal).")
+@_timing_options
+def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, storage,
+          study_prefix, backend, out_dir, dry_run, resume, force, seed, progress, warmup_s,
+          min_reps, max_time_s):
+    """Search the best config per shape with Optuna; write trials.csv and heuristics.csv."""
+    from splitkv_tune import gpus
+    from splitkv_tune import sweep as sweep_mod
+
+    try:
+        grid_obj = space.load_grid(grid)
+    except space.GridError as err:
+        raise click.BadParameter(str(err), param_hint="--grid")
+    shapes = space.filter_shapes(grid_obj.shapes, dtypes=dtypes, head_dims=head_dims,
+                                 patterns=patterns)
+    if not shapes:
+        raise click.UsageError(f"no shape of grid {grid!r} matches --dtype/--head-dim/--shapes")
+    budget = parse_duration(time_budget)
+    if dry_run:
+        table_gpu = gpus.resolve_gpu(gpu) if gpu != "auto" else \
+            sweep_mod.present_device_name(backend).split(" ")[0]
+    else:
+        try:
+            table_gpu = sweep_mod.resolve_table_gpu(gpu, backend, force)
+        except sweep_mod.GpuMismatch as err:
+            click.echo(f"Error: {err}", err=True)
+            sys.exit(2)
+        _backend_or_exit(backend)
+    profile = gpus.profile_for(table_gpu)
+    plan = sweep_mod.SweepPlan(
+        gpu=table_gpu, grid=grid_obj, shapes=shapes, backend=backend,
+        out_dir=Path(out_dir) if out_dir else Path("results") / table_gpu, storage=storage,
+        study_prefix=study_prefix, sampler=sampler, trials=trials, time_budget_s=budget,
+        resume=resume, seed=seed, timing=_timing(grid_obj.timing, warmup_s, min_reps, max_time_s),
+        num_sms=_num_sms(backend, table_gpu),
+        smem_limit=_smem_limit(backend, profile))
+    if dry_run:
+        summary = sweep_mod.dry_run_summary(plan)
+        click.echo(f"grid {summary['grid']}  gpu {summary['gpu']}  backend {backend}  "
+                   f"storage {summary['storage']}")
+        for row in summary["shapes"]:
+            click.echo(f"  {row['shape']:<44} candidates {row['candidates']:>4}  "
+                       f"{row['sampler']:<4}  trials {row['trials']:>4}")
+        click.echo(f"{len(summary['shapes'])} shapes, {summary['total_trials']} trials, "
+                   f"estimated at most {summary['estimated_s'] / 60:.1f} min "
+                   f"(warm-up {plan.timing['warmup_s']}s + sampling {plan.timing['max_time_s']}s "
+                   f"per trial)")
+        return
+    try:
+        result = sweep_mod.run_sweep(plan, argv=sys.argv, progress=progress)
+    except sweep_mod.StudyExists as err:
+        raise click.UsageError(str(err))
+    except sweep_mod.SweepAborted as err:
+        click.echo(f"Error: sweep stopped: {err}", err=True)
+        sys.exit(3)
+    except KeyboardInterrupt:
+        click.echo(f"\nInterrupted: finished trials are in the storage and "
+                   f"{plan.out_dir / 'trials.csv'}; continue with --resume.", err=True)
+        sys.exit(130)
+    ok = int((result["trials"]["status"] == "ok").sum()) if len(result["trials"]) else 0
+    click.echo(f"run {result['run_id']}: timed {result['timed']} configs this run "
+               f"({result['failed']} failed), {ok} ok in total; "
+               f"{len(result['heuristics'])} shapes in {result['heuristics_csv']}")
+
+
+@click.command()
+@click.argument("trials", type=click.Path(exists=True))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Default: heuristics.csv next to the trials.")
+@click.option("--gpu", default=None, help="Override the gpu column.")
+@click.option("--min-margin", type=float, default=None,
+              help="Smallest relative noise margin for ties (default 0.01).")
+@click.option("--from-storage", is_flag=True,
+              help="First rebuild trials.csv from <dir>/optuna.journal (after a killed sweep).")
+def table(trials, output, gpu, min_margin, from_storage):
+    """Build heuristics.csv (best config per shape) from a trials.csv or a results directory."""
+    from splitkv_tune import table as table_mod
+
+    path = Path(trials)
+    trials_path = path / "trials.csv" if path.is_dir() else path
+    if from_storage:
+        from splitkv_tune import sweep as sweep_mod
+        journal = trials_path.parent / "optuna.journal"
+        if not journal.is_file():
+            raise click.BadParameter(f"no {journal}", param_hint="--from-storage")
+        storage = sweep_mod.open_storage(str(journal), journal.parent)
+        sweep_mod.rebuild_trials_csv(storage, "", trials_path)
+    if not trials_path.is_file():
+        raise click.BadParameter(f"{trials_path} does not exist", param_hint="TRIALS")
+    out = Path(output) if output else trials_path.parent / "heuristics.csv"
+    margin = table_mod.MIN_NOISE_MARGIN if min_margin is None else min_margin
+    result = table_mod.write_heuristics(trials_path, out, gpu, margin)
+    click.echo(f"{len(result)} shapes -> {out}")
+
+
+@click.command()
+@click.option("--grid", default="quick", show_default=True, help="quick, full or a YAML path.")
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(tunables.DTYPES))
+@click.option("--head-dim", "head_dims", multiple=True, type=int)
+@click.option("--shapes", "patterns", multiple=True, help="Glob on the shape key.")
+@click.option("--table", "table_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="heuristics.csv whose winners we run (default: the selector, num_splits=auto).")
+@click.option("--config", "config_text", default=None,
+              help="Run this config everywhere: SPLITS,BLOCK_KV,REDUCE_THREADS,POLICY.")
+@click.option("--peers", default=",".join(["sdpa_flash", "sdpa_cudnn", "flex"]), show_default=True)
+@BACKEND_OPTION
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/compare",
+              show_default=True)
+@click.option("--progress/--no-progress", default=None)
+@_timing_options
+def compare(grid, dtypes, head_dims, patterns, table_path, config_text, peers, backend, out_dir,
+            progress, warmup_s, min_reps, max_time_s):
+    """Ours vs SDPA flash, SDPA cuDNN and FlexAttention; writes compare.csv and compare.md."""
+    import pandas as pd
+
+    from splitkv_tune import compare as compare_mod
+    from splitkv_tune import meta
+    from splitkv_tune import table as table_mod
+
+    try:
+        grid_obj = space.load_grid(grid)
+    except space.GridError as err:
+        raise click.BadParameter(str(err), param_hint="--grid")
+    shapes = space.filter_shapes(grid_obj.shapes, dtypes=dtypes, head_dims=head_dims,
+                                 patterns=patterns)
+    if not shapes:
+        raise click.UsageError("no shape matches the filters")
+    peer_list = [p.strip() for p in peers.split(",") if p.strip()]
+    unknown = sorted(set(peer_list) - set(compare_mod.PEERS))
+    if unknown:
+        raise click.BadParameter(f"unknown peer(s) {unknown}; choose from {compare_mod.PEERS}",
+                                 param_hint="--peers")
+    fixed = None
+    if config_text:
+        parts = config_text.split(",")
+        try:
+            fixed = Config(int(parts[0]), int(parts[1]), int(parts[2]), parts[3]).validate()
+        except (IndexError, ValueError) as err:
+            raise click.BadParameter(f"{config_text!r}: {err}", param_hint="--config")
+    _backend_or_exit(backend)
+    heuristics = pd.read_csv(table_path, dtype={"split_policy": str}) if table_path else None
+    run_id = meta.new_run_id()
+    results = compare_mod.run_compare(
+        shapes, backend=backend, peers=peer_list, heuristics=heuristics, fixed=fixed,
+        timing=_timing(grid_obj.timing, warmup_s, min_reps, max_time_s), run_id=run_id,
+        progress=progress)
+    out = Path(out_dir)
+    table_mod.atomic_write_csv(out / "compare.csv", results)
+    markdown = compare_mod.markdown_table(results)
+    table_mod.atomic_write_text(out / "compare.md", markdown)
+    run_meta = meta.collect_meta(backend=backend, run_id=run_id,
+                                 extra={"command": "compare", "grid": grid_obj.source})
+    meta.write_run_meta(out, run_meta)
+    click.echo(markdown)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def env(as_json):
+    """Print the machine metadata recorded with every run."""
+    from splitkv_tune import meta
+
+    info = meta.collect_meta()
+    for run_only in ("run_id", "timestamp", "argv", "backend", "timing_method"):
+        info.pop(run_only)
+    if as_json:
+        click.echo(json.dumps(info, indent=2, sort_keys=True, default=str))
+        return
+
+    def emit(prefix, value):
+        if isinstance(value, dict):
+            for key, sub in value.items():
+                emit(f"{prefix}.{key}" if prefix else key, sub)
+        else:
+            click.echo(f"{prefix}: {value}")
+    emit("", info)

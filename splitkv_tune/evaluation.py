@@ -1,0 +1,171 @@
+"""Regret of split rules against measured trials (offline), and on a GPU (``evaluate``).
+
+Regret of a config on a shape = ``time(config) / best - 1`` where ``best`` is the fastest
+successful trial of that shape (the exhaustive search over the space). A rule's config is
+timed from the trials with the first match of: the exact config; the same ``num_splits`` and
+``block_kv`` (other tunables: the fastest measured); the same ``num_splits``; the measured
+``num_splits`` nearest in log2 (ties -> smaller). ``match`` records which one was used, so a
+sparse (Optuna-sampled) sweep is still usable and the approximation is visible.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from splitkv_tune import space
+from splitkv_tune.gpus import profile_for, resolve_gpu
+from splitkv_tune.selector import GENERIC_PROFILE, HeuristicTable, select_shape
+from splitkv_tune.table_schema import SHAPE_COLUMNS
+from splitkv_tune.tunables import Config, Shape
+
+MATCHES = ("exact", "same S and block_kv", "same S", "nearest S")
+
+
+def shape_of(row) -> Shape:
+    return Shape(str(row["dtype"]), int(row["head_dim"]), int(row["batch"]), int(row["q_heads"]),
+                 int(row["kv_heads"]), int(row["q_len"]), int(row["kv_len"]),
+                 bool(int(row["causal"])))
+
+
+def config_time(group: pd.DataFrame, cfg: Config) -> tuple[float, str]:
+    """Time of ``cfg`` from one shape's successful trials, and how it was matched.
+
+    >>> g = pd.DataFrame({"num_splits": [1, 8, 8], "block_kv": [64, 64, 128],
+    ...                   "reduce_threads": [128] * 3, "split_policy": ["blocks"] * 3,
+    ...                   "median_us": [30.0, 10.0, 9.0]})
+    >>> config_time(g, Config(8, 64, 128, "blocks")), config_time(g, Config(8, 32, 64, "blocks"))
+    ((10.0, 'exact'), (9.0, 'same S'))
+    >>> config_time(g, Config(3, 64, 128, "blocks"))
+    (9.0, 'nearest S')
+    """
+    same_s = group[group["num_splits"] == cfg.num_splits]
+    exact = same_s[(same_s["block_kv"] == cfg.block_kv)
+                   & (same_s["reduce_threads"] == cfg.reduce_threads)
+                   & (same_s["split_policy"] == cfg.split_policy)]
+    same_kv = same_s[same_s["block_kv"] == cfg.block_kv]
+    for frame, how in ((exact, MATCHES[0]), (same_kv, MATCHES[1]), (same_s, MATCHES[2])):
+        if len(frame):
+            return float(frame["median_us"].min()), how
+    target = math.log2(cfg.num_splits)
+    splits = sorted(set(int(s) for s in group["num_splits"]),
+                    key=lambda s: (abs(math.log2(s) - target), s))
+    return float(group[group["num_splits"] == splits[0]]["median_us"].min()), MATCHES[3]
+
+
+def summarize(regrets) -> dict:
+    """Geometric-mean regret (``exp(mean(log(1 + r))) - 1``), max and count.
+
+    >>> summarize([0.0, 0.21, 0.0])["geomean"].__round__(4), summarize([0.0, 0.21])["max"]
+    (0.0656, 0.21)
+    """
+    rs = [float(r) for r in regrets if r == r]
+    if not rs:
+        return {"geomean": float("nan"), "max": float("nan"), "n": 0}
+    gm = math.exp(sum(math.log1p(r) for r in rs) / len(rs)) - 1
+    return {"geomean": gm, "max": max(rs), "n": len(rs)}
+
+
+def _ok_trials(trials: pd.DataFrame) -> pd.DataFrame:
+    ok = trials[(trials["status"] == "ok") & trials["median_us"].notna()]
+    return ok[pd.to_numeric(ok["median_us"]) > 0]
+
+
+def heuristics_from_trials(trials: pd.DataFrame, gpu: str) -> pd.DataFrame:
+    """The heuristics table the sweep would write (``table.build_heuristics``)."""
+    from splitkv_tune.table import build_heuristics
+    return build_heuristics(trials.assign(gpu=resolve_gpu(gpu)), gpu=resolve_gpu(gpu))
+
+
+def evaluate_trials(trials: pd.DataFrame, gpu: str, leave_one_out: bool = True) -> pd.DataFrame:
+    """Per measured shape: regret of the selector, the analytic fallback alone, FA2's
+    heuristic and S=1. With ``leave_one_out`` the shape's own row is removed from the table
+    before selecting, so every selection is for a shape not in the table."""
+    gpu = resolve_gpu(gpu)
+    profile = profile_for(gpu) or GENERIC_PROFILE
+    ok = _ok_trials(trials)
+    heur = heuristics_from_trials(ok, gpu)
+    full = HeuristicTable(heur, gpu=gpu)
+    out = []
+    for _, group in ok.groupby(SHAPE_COLUMNS, sort=True):
+        shape = shape_of(group.iloc[0])
+        best = float(group["median_us"].min())
+        if leave_one_out:
+            keep = ~(heur[SHAPE_COLUMNS].astype(str) == pd.Series(
+                {c: str(group.iloc[0][c]) for c in SHAPE_COLUMNS})).all(axis=1)
+            table = HeuristicTable(heur[keep], gpu=gpu) if keep.any() else None
+        else:
+            table = full
+        rec = {c: group.iloc[0][c] for c in SHAPE_COLUMNS}
+        rec["best_us"] = best
+        sel = select_shape(table, shape, gpu)
+        rules = {"selector": sel.config, "fallback": select_shape(None, shape, gpu).config,
+                 "fa2": space.fa2_config(shape, profile.sms)}
+        for name, cfg in rules.items():
+            t, how = config_time(group, cfg)
+            rec.update({f"{name}_splits": cfg.num_splits, f"{name}_us": t,
+                        f"{name}_regret": t / best - 1, f"{name}_match": how})
+        rec["s1_us"] = float(group[group["num_splits"] == 1]["median_us"].min())
+        rec["s1_regret"] = rec["s1_us"] / best - 1
+        rec["selector_kind"] = sel.kind
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def fallback_vs_fa2(trials_df: pd.DataFrame, gpu: str = "nvidia_h200") -> dict:
+    """Regret of the analytic fallback (no table) and of FlashAttention-2's rule against
+    measured trials: ``{"fallback": summary, "fa2": summary, "better": bool, "per_shape": df}``.
+    ``better`` is true when the fallback's geometric-mean regret is lower."""
+    df = evaluate_trials(trials_df, gpu, leave_one_out=False)
+    res = {"fallback": summarize(df["fallback_regret"]), "fa2": summarize(df["fa2_regret"])}
+    res["better"] = bool(res["fallback"]["geomean"] < res["fa2"]["geomean"])
+    res["per_shape"] = df[SHAPE_COLUMNS + ["best_us", "fallback_splits", "fallback_regret",
+                                           "fa2_splits", "fa2_regret"]]
+    return res
+
+
+def measure_shape(shape: Shape, gpu: str, bench_kwargs: dict, table) -> dict:
+    """On a GPU: time the selected config, FA2's, S=1 and every config of the space."""
+    from splitkv_tune.bench import ShapeBench
+    profile = profile_for(gpu) or GENERIC_PROFILE
+    sel = select_shape(table, shape, gpu)
+    fa2 = space.fa2_config(shape, profile.sms)
+    cands = space.candidate_configs(shape, smem_limit=profile.smem_per_sm,
+                                    extra_splits=(sel.config.num_splits, fa2.num_splits))
+    bench = ShapeBench(shape, num_sms=profile.sms, **bench_kwargs)
+    times = {}
+    for cfg in dict.fromkeys(cands + [sel.config, fa2]):
+        timing = bench.measure(cfg)
+        times[cfg] = timing.median_us if timing.status == "ok" else float("nan")
+    good = {c: t for c, t in times.items() if t == t}
+    if not good:
+        raise RuntimeError(f"every config failed on {space.shape_key(shape)}")
+    best_cfg = min(good, key=good.get)
+    s1 = min((t for c, t in good.items() if c.num_splits == 1), default=float("nan"))
+    rec = {c: (int(shape.causal) if c == "causal" else getattr(shape, c)) for c in SHAPE_COLUMNS}
+    rec.update(best_us=good[best_cfg], best_config=space.config_key(best_cfg),
+               selector_config=space.config_key(sel.config), selector_kind=sel.kind,
+               selector_us=times[sel.config], fa2_config=space.config_key(fa2),
+               fa2_us=times[fa2], s1_us=s1)
+    for name in ("selector", "fa2", "s1"):
+        rec[f"{name}_regret"] = rec[f"{name}_us"] / rec["best_us"] - 1
+    return rec
+
+
+def to_markdown(df: pd.DataFrame, names=("selector", "fallback", "fa2", "s1")) -> str:
+    """A per-shape regret table and a summary line per rule, as markdown."""
+    names = [n for n in names if f"{n}_regret" in df]
+    head = ["dtype", "D", "causal", "B", "Hq", "Hkv", "Sq", "Sk", "best µs"] + [
+        f"{n} regret" for n in names]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in df.iterrows():
+        cells = [str(r[c]) for c in SHAPE_COLUMNS] + [f"{r['best_us']:.2f}"] + [
+            f"{r[f'{n}_regret'] * 100:.1f}%" for n in names]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for n in names:
+        s = summarize(df[f"{n}_regret"])
+        lines.append(f"- {n}: geometric-mean regret {s['geomean'] * 100:.2f}%, "
+                     f"max {s['max'] * 100:.2f}% over {s['n']} shapes")
+    return "\n".join(lines) + "\n"
+

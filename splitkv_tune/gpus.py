@@ -1,0 +1,70 @@
+"""GPU profiles (SMs, copy bandwidth, L2) and GPU name normalisation."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from pathlib import Path
+
+import yaml
+
+PROFILES_PATH = Path(__file__).resolve().parent.parent / "configs" / "gpus.yaml"
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuProfile:
+    name: str
+    sms: int
+    copy_bw_gbps: float
+    l2_bytes: int
+    smem_per_sm: int
+
+
+def normalize_gpu_name(name: str) -> str:
+    """Table name of a GPU: lower case, runs of other characters folded to ``_``.
+
+    >>> normalize_gpu_name("NVIDIA H200")
+    'nvidia_h200'
+    >>> normalize_gpu_name("NVIDIA A100-SXM4-80GB")
+    'nvidia_a100_sxm4_80gb'
+    """
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+@functools.lru_cache(maxsize=None)
+def load_profiles(path: Path = PROFILES_PATH) -> dict[str, GpuProfile]:
+    raw = yaml.safe_load(Path(path).read_text())
+    return {key: GpuProfile(key, int(v["sms"]), float(v["copy_bw_gbps"]), int(v["l2_bytes"]),
+                            int(v["smem_per_sm"]))
+            for key, v in raw.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _aliases(path: Path = PROFILES_PATH) -> dict[str, str]:
+    raw = yaml.safe_load(Path(path).read_text())
+    table = {}
+    for key, v in raw.items():
+        table[key] = key
+        for alias in v.get("aliases", []):
+            table[normalize_gpu_name(alias)] = key
+    return table
+
+
+def resolve_gpu(name: str) -> str:
+    """Map a ``--gpu`` flag or a device name to the profile key when one matches.
+
+    Unknown names are normalised and returned as they are, so a table can be made for
+    any GPU.
+
+    >>> resolve_gpu("h200"), resolve_gpu("NVIDIA H200"), resolve_gpu("NVIDIA A100-SXM4-80GB")
+    ('nvidia_h200', 'nvidia_h200', 'nvidia_a100')
+    >>> resolve_gpu("Some GPU 9000")
+    'some_gpu_9000'
+    """
+    norm = normalize_gpu_name(name)
+    return _aliases().get(norm, norm)
+
+
+def profile_for(name: str) -> GpuProfile | None:
+    """The profile of a GPU name or flag, or ``None`` when no profile matches."""
+    return load_profiles().get(resolve_gpu(name))

@@ -1,0 +1,241 @@
+"""``splitkv_attention``: validation, workspace, dispatch and ``torch.library`` registration.
+
+Everything is checked here before a pointer reaches the kernels; bad input raises
+``ValueError`` or ``TypeError`` naming the argument and what was expected.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from splitkv_tune import tunables
+from splitkv_tune.tunables import Config, Shape
+
+_DTYPES = {torch.float16: ("fp16", 0), torch.bfloat16: ("bf16", 1)}
+_POLICY_CODES = {"length": 0, "blocks": 1}
+_MAX_GRID_Y = 65535
+_workspaces: dict[int, torch.Tensor] = {}
+
+
+@functools.lru_cache(maxsize=1)
+def _extension():
+    try:
+        from splitkv_tune import _C
+    except ImportError as err:
+        raise RuntimeError(
+            "the CUDA extension splitkv_tune._C is not built (installed with SPLITKV_BUILD_CUDA=0 "
+            "or without nvcc). Rebuild on a machine with nvcc: `pip install -e .`") from err
+    return _C
+
+
+@functools.lru_cache(maxsize=None)
+def _device_info(index: int) -> tuple[str, int]:
+    props = torch.cuda.get_device_properties(index)
+    return props.name, props.multi_processor_count
+
+
+def _check_tensor(name: str, t, rank: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"{name} must be float16 or bfloat16, got {t.dtype}")
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must have {rank} dimensions (batch, seq, heads, head_dim), "
+                         f"got shape {tuple(t.shape)}")
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """The tensor itself when its rows are 16-byte aligned with a contiguous last dim, else a copy."""
+    ok = (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+          and all(s % 8 == 0 for s in t.stride()[:-1]))
+    return t if ok else t.contiguous()
+
+
+def problem_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> Shape:
+    """Validate q, k, v against each other and return the problem's ``Shape``."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t, 4)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    batch, q_len, q_heads, head_dim = q.shape
+    if k.shape[0] != batch:
+        raise ValueError(f"k batch ({k.shape[0]}) must equal q batch ({batch})")
+    if k.shape[3] != head_dim:
+        raise ValueError(f"k head_dim ({k.shape[3]}) must equal q head_dim ({head_dim})")
+    if batch * k.shape[2] > _MAX_GRID_Y:
+        raise ValueError(f"batch * kv_heads must be at most {_MAX_GRID_Y}, got {batch * k.shape[2]}")
+    dtype = _DTYPES[q.dtype][0]
+    return Shape(dtype, head_dim, batch, q_heads, k.shape[2], q_len, k.shape[1], bool(causal)).validate()
+
+
+def resolve_config(shape: Shape, device_index: int, num_splits="auto", block_kv="auto",
+                   reduce_threads="auto", split_policy="auto") -> Config:
+    """Fill every ``"auto"`` tunable from the selector and validate the result."""
+    given = {"num_splits": num_splits, "block_kv": block_kv, "reduce_threads": reduce_threads,
+             "split_policy": split_policy}
+    if any(v == "auto" for v in given.values()):
+        from splitkv_tune import selector
+        name, sms = _device_info(device_index)
+        auto = selector.auto_config(shape, name, sms)
+        given = {k: getattr(auto, k) if v == "auto" else v for k, v in given.items()}
+    return Config(**given).validate()
+
+
+def workspace_size(q: torch.Tensor, k: torch.Tensor, num_splits: int) -> int:
+    """Bytes of workspace one call with ``num_splits`` splits needs (0 for one split)."""
+    Config(num_splits=num_splits).validate()
+    return tunables.workspace_bytes(problem_shape(q, k, k), num_splits)
+
+
+def workspace_views(workspace: torch.Tensor, shape: Shape, num_splits: int):
+    """fp32 views ``(O [S,B,Hkv,Sq*G,D], m [S,B,Hkv,Sq*G], l [S,B,Hkv,Sq*G])`` of a workspace."""
+    m_off, l_off, total = tunables.workspace_sections(shape, num_splits)
+    rows = (num_splits, shape.batch, shape.kv_heads, shape.packed_rows)
+    n_rows = math.prod(rows)
+    o = workspace[: n_rows * shape.head_dim * 4].view(torch.float32).view(*rows, shape.head_dim)
+    m = workspace[m_off: m_off + n_rows * 4].view(torch.float32).view(*rows)
+    l = workspace[l_off: l_off + n_rows * 4].view(torch.float32).view(*rows)
+    return o, m, l
+
+
+def _workspace_for(q: torch.Tensor, nbytes: int, workspace) -> torch.Tensor:
+    if workspace is not None:
+        if not isinstance(workspace, torch.Tensor) or workspace.dtype != torch.uint8:
+            raise TypeError("workspace must be a torch.uint8 tensor")
+        if workspace.device != q.device or not workspace.is_contiguous():
+            raise ValueError(f"workspace must be a contiguous tensor on {q.device}")
+        if workspace.numel() < nbytes:
+            raise ValueError(f"workspace must hold at least {nbytes} bytes, got {workspace.numel()}")
+        if workspace.data_ptr() % tunables.WORKSPACE_ALIGN:
+            raise ValueError(f"workspace must be {tunables.WORKSPACE_ALIGN}-byte aligned")
+        return workspace
+    index = q.device.index
+    cached = _workspaces.get(index)
+    if cached is None or cached.numel() < nbytes:
+        cached = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)
+        _workspaces[index] = cached
+    return cached
+
+
+def _strides(prefix: str, t: torch.Tensor) -> dict:
+    return {f"{prefix}_batch_stride": t.stride(0), f"{prefix}_row_stride": t.stride(1),
+            f"{prefix}_head_stride": t.stride(2)}
+
+
+def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, workspace: torch.Tensor,
+                  causal: bool, softmax_scale: float, num_splits: int, block_kv: int,
+                  reduce_threads: int, split_policy: int, return_lse: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    ext = _extension()
+    batch, q_len, q_heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, q_heads, q_len) if return_lse else (0,), dtype=torch.float32,
+                      device=q.device)
+    shape = Shape(_DTYPES[q.dtype][0], head_dim, batch, q_heads, kv_heads, q_len, k.shape[1], causal)
+    m_off, l_off, _ = tunables.workspace_sections(shape, num_splits)
+    base = workspace.data_ptr()
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    common = {"out": out.data_ptr(), "lse": lse.data_ptr() if return_lse else 0,
+              "ws_o": base, "ws_m": base + m_off, "ws_l": base + l_off,
+              "batch": batch, "q_len": q_len, "kv_heads": kv_heads,
+              "dtype": _DTYPES[q.dtype][1], "head_dim": head_dim, "stream": stream,
+              **_strides("o", out)}
+    with torch.cuda.device(q.device):
+        ext.split_forward({**common, **_strides("q", q), **_strides("k", k), **_strides("v", v),
+                           "q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(),
+                           "q_heads": q_heads, "kv_len": k.shape[1], "num_splits": num_splits,
+                           "block_m": tunables.block_m_for(shape.packed_rows),
+                           "block_kv": block_kv, "softmax_scale": softmax_scale,
+                           "causal": causal, "split_policy": split_policy,
+                           "device": q.device.index})
+        if num_splits > 1:
+            ext.combine_forward({**common, "group": q_heads // kv_heads, "num_splits": num_splits,
+                                 "reduce_threads": reduce_threads})
+    return out, lse
+
+
+# Registered for torch.compile; eager calls skip the dispatcher's per-call cost.
+_attention_op = torch.library.custom_op("splitkv::attention", mutates_args=("workspace",))(
+    _attention_impl)
+
+
+@_attention_op.register_fake
+def _(q, k, v, workspace, causal, softmax_scale, num_splits, block_kv, reduce_threads,
+      split_policy, return_lse):
+    batch, q_len, q_heads, _ = q.shape
+    lse_shape = (batch, q_heads, q_len) if return_lse else (0,)
+    return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="auto",
+                      block_kv="auto", reduce_threads="auto", split_policy="auto",
+                      workspace=None, return_lse=False, cache_seqlens=None, block_table=None):
+    """Split-KV attention forward.
+
+    q ``(B, Sq, Hq, D)``, k and v ``(B, Sk, Hkv, D)``, fp16 or bf16 on one CUDA device,
+    last dim contiguous; ``Hq`` a multiple of ``Hkv`` (GQA/MQA). Causal masks are aligned
+    bottom-right. Returns ``out (B, Sq, Hq, D)`` in q's dtype, and with ``return_lse``
+    also ``lse (B, Hq, Sq)`` float32 in natural log (``-inf`` for rows with no key).
+    Tunables left at ``"auto"`` come from the heuristic table for this GPU (or the
+    analytic fallback). ``workspace``: optional uint8 tensor of at least
+    ``workspace_size(q, k, num_splits)`` bytes, 128-byte aligned; otherwise a per-device
+    buffer is cached (preallocate one before CUDA-graph capture).
+    """
+    if cache_seqlens is not None or block_table is not None:
+        raise ValueError("cache_seqlens and block_table (paged / variable-length KV) are not "
+                         "supported by this release; pass None")
+    shape = problem_shape(q, k, v, causal)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(shape.head_dim)
+    if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be a finite number, got {softmax_scale!r}")
+    config = resolve_config(shape, q.device.index, num_splits, block_kv, reduce_threads, split_policy)
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    ws = _workspace_for(q, tunables.workspace_bytes(shape, config.num_splits), workspace)
+    op = _attention_op if torch.compiler.is_compiling() else _attention_impl
+    out, lse = op(q, k, v, ws, bool(causal), float(softmax_scale), config.num_splits,
+                             config.block_kv, config.reduce_threads,
+                             _POLICY_CODES[config.split_policy], bool(return_lse))
+    return (out, lse) if return_lse else out
+
+
+def combine_partials(o_part: torch.Tensor, m: torch.Tensor, l: torch.Tensor, *, q_len: int,
+                     group: int, reduce_threads: int = 128, out_dtype=torch.bfloat16):
+    """Run the combine kernel alone on fp32 partials ``O [S,B,Hkv,Sq*G,D]``, ``m``, ``l``.
+
+    Returns ``out (B, Sq, Hkv*G, D)`` in ``out_dtype`` and ``lse (B, Hkv*G, Sq)``.
+    """
+    for name, t in (("o_part", o_part), ("m", m), ("l", l)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device.type != "cuda":
+            raise TypeError(f"{name} must be a float32 CUDA tensor")
+    if o_part.dim() != 5 or m.shape != o_part.shape[:4] or l.shape != m.shape:
+        raise ValueError("o_part must be [S, B, Hkv, Sq*G, D] with m and l [S, B, Hkv, Sq*G]")
+    splits, batch, kv_heads, rows, head_dim = o_part.shape
+    if rows != q_len * group:
+        raise ValueError(f"o_part rows ({rows}) must equal q_len * group ({q_len * group})")
+    if out_dtype not in _DTYPES:
+        raise TypeError(f"out_dtype must be float16 or bfloat16, got {out_dtype}")
+    if head_dim not in tunables.HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {tunables.HEAD_DIMS}, got {head_dim}")
+    Config(num_splits=splits, reduce_threads=reduce_threads).validate()
+    o_part, m, l = o_part.contiguous(), m.contiguous(), l.contiguous()
+    out = torch.empty(batch, q_len, kv_heads * group, head_dim, dtype=out_dtype, device=o_part.device)
+    lse = torch.empty(batch, kv_heads * group, q_len, dtype=torch.float32, device=o_part.device)
+    with torch.cuda.device(o_part.device):
+        _extension().combine_forward({
+            "ws_o": o_part.data_ptr(), "ws_m": m.data_ptr(), "ws_l": l.data_ptr(),
+            "out": out.data_ptr(), "lse": lse.data_ptr(), **_strides("o", out),
+            "batch": batch, "kv_heads": kv_heads, "group": group, "q_len": q_len,
+            "num_splits": splits, "dtype": _DTYPES[out_dtype][1], "head_dim": head_dim,
+            "reduce_threads": reduce_threads,
+            "stream": torch.cuda.current_stream(o_part.device).cuda_stream})
+    return out, lse

@@ -1,0 +1,200 @@
+"""Plots of heuristics and trials tables (matplotlib, Agg backend; PNG and SVG).
+
+``plot_all(path, out)`` writes, from a ``heuristics.csv`` or a ``trials.csv``:
+
+* ``<base>.png/.svg`` - heatmap of the best S over (B*Hkv, Sk), one panel per
+  (dtype, head_dim, causal, Sq, G), cells annotated;
+* ``<base>_speedup_s1`` / ``<base>_speedup_fa2`` - best time over S=1 and over
+  FlashAttention-2's heuristic (trials only: they need every config's time);
+* ``<base>_bandwidth`` - achieved fraction of copy bandwidth of the winner against Sk;
+* ``<base>_noise`` - p80/p20 of the winner's samples.
+
+``out`` is a directory (files ``best_splits*``) or a base name (a ``.png``/``.svg`` suffix is
+dropped). Axes are log2 with ticks at the measured values (``4K`` = 4096).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.patheffects  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from splitkv_tune import space, tunables  # noqa: E402
+from splitkv_tune.gpus import profile_for  # noqa: E402
+from splitkv_tune.selector import GENERIC_PROFILE  # noqa: E402
+from splitkv_tune.table_schema import (SHAPE_COLUMNS, TableError, _read_csv,  # noqa: E402
+                                       validate_heuristics, validate_trials)
+
+PANEL_KEYS = ["dtype", "head_dim", "causal", "q_len", "group"]
+FORMATS = ("png", "svg")
+
+
+def fmt_count(v: float) -> str:
+    """Readable tick label: ``fmt_count(4096) == '4K'``.
+
+    >>> [fmt_count(v) for v in (8, 1024, 1536, 65536, 2**20)]
+    ['8', '1K', '1.5K', '64K', '1M']
+    """
+    for div, unit in ((2**20, "M"), (2**10, "K")):
+        if v >= div:
+            return f"{v / div:g}{unit}"
+    return f"{v:g}"
+
+
+def _edges(vals) -> np.ndarray:
+    logs = np.log2(np.asarray(vals, dtype=float))
+    if len(logs) == 1:
+        return np.array([logs[0] - 0.5, logs[0] + 0.5])
+    mids = (logs[1:] + logs[:-1]) / 2
+    return np.concatenate([[2 * logs[0] - mids[0]], mids, [2 * logs[-1] - mids[-1]]])
+
+
+def _with_work(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.copy()
+    df["bh"] = df["batch"] * df["kv_heads"]
+    df["group"] = df["q_heads"] // df["kv_heads"]
+    return df
+
+
+def _panels(df: pd.DataFrame):
+    return list(df.groupby(PANEL_KEYS, sort=True))
+
+
+def _title(key) -> str:
+    dtype, d, causal, sq, g = key
+    return f"{dtype} D={d} {'causal' if causal else 'non-causal'} Sq={sq} G={g}"
+
+
+def _save(fig, base: Path, suffix: str) -> list[Path]:
+    paths = []
+    for ext in FORMATS:
+        path = base.with_name(base.name + suffix + "." + ext)
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def heatmap(df: pd.DataFrame, value: str, title: str, cbar: str, fmt, cmap="viridis",
+            log_color: bool = False):
+    """A figure with one heatmap panel per (dtype, head_dim, causal, Sq, G) of ``df[value]``."""
+    panels = _panels(_with_work(df))
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 4.2 * nrows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, (key, part) in zip(axes.flat, panels):
+        bhs, sks = sorted(set(part["bh"])), sorted(set(part["kv_len"]))
+        grid = np.full((len(bhs), len(sks)), np.nan)
+        for _, r in part.sort_values(SHAPE_COLUMNS).iterrows():
+            i, j = bhs.index(r["bh"]), sks.index(r["kv_len"])
+            if np.isnan(grid[i, j]):
+                grid[i, j] = r[value]
+        shown = np.log2(grid) if log_color else grid
+        lim = {"vmin": 0, "vmax": math.log2(tunables.MAX_SPLITS)} if log_color else {}
+        mesh = ax.pcolormesh(_edges(sks), _edges(bhs), np.ma.masked_invalid(shown), cmap=cmap,
+                             **lim)
+        for i, bh in enumerate(bhs):
+            for j, sk in enumerate(sks):
+                if not np.isnan(grid[i, j]):
+                    ax.text(math.log2(sk), math.log2(bh), fmt(grid[i, j]), ha="center",
+                            va="center", fontsize=8, color="white",
+                            path_effects=[matplotlib.patheffects.withStroke(linewidth=2,
+                                                                            foreground="black")])
+        ax.set_xticks(np.log2(sks), [fmt_count(v) for v in sks])
+        ax.set_yticks(np.log2(bhs), [fmt_count(v) for v in bhs])
+        ax.set_xlabel("KV length Sk (tokens, log2 axis)")
+        ax.set_ylabel("B·Hkv (batch × KV heads, log2 axis)")
+        ax.set_title(_title(key), fontsize=9)
+        cb = fig.colorbar(mesh, ax=ax)
+        cb.set_label(cbar + (" (log2 colour scale)" if log_color else ""))
+        if log_color:
+            ticks = range(int(math.log2(tunables.MAX_SPLITS)) + 1)
+            cb.set_ticks(list(ticks), labels=[str(2**t) for t in ticks])
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _winners_from_trials(trials: pd.DataFrame, gpu: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    from splitkv_tune.evaluation import config_time, heuristics_from_trials, shape_of
+    ok = trials[(trials["status"] == "ok") & trials["median_us"].notna()]
+    heur = heuristics_from_trials(ok, gpu)
+    sms = (profile_for(gpu) or GENERIC_PROFILE).sms
+    rows = []
+    for _, group in ok.groupby(SHAPE_COLUMNS, sort=True):
+        shape = shape_of(group.iloc[0])
+        best = float(group["median_us"].min())
+        s1 = group[group["num_splits"] == 1]["median_us"].min()
+        fa2, _ = config_time(group, space.fa2_config(shape, sms))
+        rows.append({**{c: group.iloc[0][c] for c in SHAPE_COLUMNS},
+                     "speedup_s1": s1 / best, "speedup_fa2": fa2 / best})
+    return heur, pd.DataFrame(rows)
+
+
+def read_any(path, gpu: str = "nvidia_h200") -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """(heuristics, per-shape speedups or None) from a heuristics.csv or a trials.csv."""
+    raw = _read_csv(path)
+    if "schema_version" in raw.columns:
+        return validate_heuristics(raw, path), None
+    if "status" in raw.columns:
+        trials = validate_trials(raw, path)
+        if not (trials["status"] == "ok").any():
+            raise TableError(path, "no successful trials")
+        return _winners_from_trials(trials, gpu)
+    raise TableError(path, "neither a heuristics table (schema_version column) nor trials "
+                           "(status column)")
+
+
+def out_base(out) -> Path:
+    """Base path of the output files (see the module docstring)."""
+    trailing = str(out).endswith(("/", "\\"))
+    out = Path(out)
+    if out.is_dir() or trailing:
+        out.mkdir(parents=True, exist_ok=True)
+        return out / "best_splits"
+    if out.suffix in (".png", ".svg"):
+        out = out.with_suffix("")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def plot_all(path, out, gpu: str = "nvidia_h200") -> list[Path]:
+    """Write every plot the input supports; return the files written."""
+    heur, speed = read_any(path, gpu)
+    base = out_base(out)
+    files = _save(heatmap(heur, "num_splits", "Best number of KV splits S", "S",
+                          lambda v: f"{v:.0f}", log_color=True), base, "")
+    if speed is not None and len(speed):
+        for col, what in (("speedup_s1", "S = 1"), ("speedup_fa2", "FlashAttention-2's heuristic")):
+            fig = heatmap(speed, col, f"Speed-up of the best config over {what}",
+                          "speed-up (×)", lambda v: f"{v:.2f}", cmap="magma")
+            files += _save(fig, base, "_" + col)
+    noisy = heur.assign(noise=heur["p80_us"] / heur["p20_us"]).dropna(subset=["noise"])
+    if len(noisy):
+        files += _save(heatmap(noisy, "noise", "Timing noise of the winner (p80 / p20)",
+                               "p80 / p20", lambda v: f"{v:.2f}", cmap="cividis"), base, "_noise")
+    bw = _with_work(heur.dropna(subset=["frac_copy_bw"]))
+    if len(bw):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for key, part in bw.groupby(["dtype", "head_dim", "causal", "q_len", "group", "bh"]):
+            part = part.sort_values("kv_len")
+            ax.plot(part["kv_len"], part["frac_copy_bw"], marker="o",
+                    label=f"{key[0]} D={key[1]} c={key[2]} Sq={key[3]} G={key[4]} B·Hkv={key[5]}")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: fmt_count(v)))
+        ax.set_xlabel("KV length Sk (tokens, log2 axis)")
+        ax.set_ylabel("achieved fraction of copy bandwidth")
+        ax.set_ylim(0, max(1.0, float(bw["frac_copy_bw"].max()) * 1.05))
+        ax.set_title("Winner's bandwidth (bytes of Q, K, V, O / time) / copy bandwidth")
+        ax.legend(fontsize=6, ncol=2)
+        files += _save(fig, base, "_bandwidth")
+    return files

@@ -1,0 +1,444 @@
+"""The Optuna sweep driver: one study per shape, durable storage, resume, failed-trial policy.
+
+* Study grouping: one study per shape, named ``<study_prefix><shape_key>``; the default
+  prefix is ``splitkv:<gpu>:`` so one storage can hold several GPUs.
+* Storage: an Optuna journal file ``<out>/optuna.journal`` unless ``--storage`` gives an
+  RDB URL (``sqlite:///...``) or another journal path. Every finished trial is in the
+  journal the moment it is told, so a kill loses at most the trial in flight.
+* Sampler: ``grid`` measures every candidate of ``space.candidate_configs`` exactly once
+  (the order: FlashAttention-2's config, the current table winner, then a seeded shuffle),
+  each one enqueued with ``enqueue_trial`` so the study's sampler is never consulted.
+  Optuna's GridSampler/BruteForceSampler are not used: they call ``study.stop()``, which
+  only works inside ``study.optimize`` (this driver uses ask/tell), and they do not count
+  enqueued points as visited, so a resumed grid would re-run them;
+  ``tpe`` uses ``TPESampler(constant_liar=True)`` over the four tunables, projecting an
+  infeasible proposal onto the nearest candidate. ``auto`` picks grid when the trial budget
+  covers every candidate (or there is no budget and at most ``GRID_MAX`` candidates).
+  A config already finished in the study is never timed again: a repeat proposal is told
+  the earlier result (user attr ``duplicate_of``) and left out of ``trials.csv``.
+* Failures (invalid config, launch error, wrong output) are FAIL trials with user attrs
+  ``status``/``reason``; nothing is ever reported as infinity. A CUDA error that poisons the
+  context stops the sweep after recording the trial; ``--resume`` goes on from there.
+* Resume: finished trials stay; a trial left RUNNING by a kill is told FAIL (no ``status``
+  attr, so it is not a measurement) and its config is measured again. ``trials.csv`` is
+  rebuilt from storage (atomically) at start, after every shape, every ``REBUILD_EVERY_S``
+  seconds and on exit, so it always matches the storage.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import math
+import random
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from splitkv_tune import bench, gpus, meta, space, table, tunables
+from splitkv_tune.table_schema import CONFIG_COLUMNS, SHAPE_COLUMNS
+from splitkv_tune.tunables import Config, Shape
+
+GRID_MAX = 256
+TPE_DEFAULT_TRIALS = 64
+MAX_DUPLICATE_STREAK = 25
+REBUILD_EVERY_S = 30.0
+TRIAL_OVERHEAD_S = 0.05
+REFERENCE_BACKEND_DEVICE = "cpu_reference"
+FATAL_CUDA_MARKERS = ("illegal memory access", "unspecified launch failure",
+                      "CUDA error: an illegal", "device-side assert", "misaligned address")
+
+
+class GpuMismatch(Exception):
+    def __init__(self, requested: str, present: str):
+        self.requested, self.present = requested, present
+        super().__init__(f"--gpu names {requested!r} but the device present is {present!r}; "
+                         f"pass --force to write a {requested!r} table anyway")
+
+
+class SweepAborted(RuntimeError):
+    """The sweep cannot go on in this process (e.g. the CUDA context is poisoned)."""
+
+
+class StudyExists(Exception):
+    """The storage already holds trials for a study and ``--resume`` was not given."""
+
+
+def present_device_name(backend: str) -> str:
+    """Table name of what will be measured: the CUDA GPU, or ``cpu_reference``."""
+    if backend == "reference":
+        return REFERENCE_BACKEND_DEVICE
+    if not torch.cuda.is_available():
+        return "none (no CUDA device)"
+    return gpus.resolve_gpu(torch.cuda.get_device_name())
+
+
+def resolve_table_gpu(requested: str, backend: str, force: bool = False) -> str:
+    """The table name a sweep writes; raise GpuMismatch when ``requested`` is not present.
+
+    >>> resolve_table_gpu("auto", "reference")
+    'cpu_reference'
+    >>> resolve_table_gpu("h200", "reference", force=True)
+    'nvidia_h200'
+    """
+    present = present_device_name(backend)
+    if requested == "auto":
+        if present.startswith("none"):
+            raise GpuMismatch("auto", present)
+        return present
+    wanted = gpus.resolve_gpu(requested)
+    if wanted != present and not force:
+        raise GpuMismatch(wanted, present)
+    return wanted
+
+
+@dataclasses.dataclass
+class SweepPlan:
+    gpu: str
+    grid: space.Grid
+    shapes: list[Shape]
+    backend: str = "reference"
+    out_dir: Path = Path("results")
+    storage: str | None = None
+    study_prefix: str | None = None
+    sampler: str = "auto"
+    trials: int | None = None
+    time_budget_s: float | None = None
+    resume: bool = False
+    seed: int = 0
+    timing: dict = dataclasses.field(default_factory=lambda: dict(space.TIMING_DEFAULTS))
+    num_sms: int = 132
+    smem_limit: int | None = None
+
+    @property
+    def prefix(self) -> str:
+        return self.study_prefix if self.study_prefix is not None else f"splitkv:{self.gpu}:"
+
+    def study_name(self, shape: Shape) -> str:
+        return self.prefix + space.shape_key(shape)
+
+    def candidates(self, shape: Shape, extra_splits=()) -> list[Config]:
+        extra = [space.fa2_config(shape, self.num_sms).num_splits, *extra_splits]
+        return space.candidate_configs(shape, self.grid.space, smem_limit=self.smem_limit,
+                                       extra_splits=extra)
+
+    def sampler_for(self, n_candidates: int) -> str:
+        if self.sampler != "auto":
+            return self.sampler
+        if self.trials is None:
+            return "grid" if n_candidates <= GRID_MAX else "tpe"
+        return "grid" if self.trials >= n_candidates else "tpe"
+
+    def trial_target(self, n_candidates: int) -> int:
+        if self.trials is not None:
+            return min(self.trials, n_candidates)
+        return n_candidates if self.sampler_for(n_candidates) == "grid" \
+            else min(n_candidates, TPE_DEFAULT_TRIALS)
+
+
+def open_storage(storage: str | None, out_dir) -> "optuna.storages.BaseStorage | str":
+    """An RDB URL as given, else a journal file (default ``<out_dir>/optuna.journal``)."""
+    if storage and "://" in storage:
+        return storage
+    path = Path(storage) if storage else Path(out_dir) / "optuna.journal"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    backend = optuna.storages.journal.JournalFileBackend(str(path))
+    return optuna.storages.JournalStorage(backend)
+
+
+def dry_run_summary(plan: SweepPlan) -> dict:
+    """Per-shape candidates, sampler and trial count, and an upper-bound time estimate."""
+    per_trial = plan.timing["warmup_s"] + plan.timing["max_time_s"] + TRIAL_OVERHEAD_S
+    rows = []
+    for shape in plan.shapes:
+        n = len(plan.candidates(shape))
+        rows.append({"shape": space.shape_key(shape), "candidates": n,
+                     "sampler": plan.sampler_for(n), "trials": plan.trial_target(n)})
+    total = sum(r["trials"] for r in rows)
+    estimate = total * per_trial + len(rows) * 1.0
+    if plan.time_budget_s is not None:
+        estimate = min(estimate, plan.time_budget_s)
+    return {"gpu": plan.gpu, "grid": plan.grid.source, "backend": plan.backend,
+            "shapes": rows, "total_trials": total, "estimated_s": estimate,
+            "storage": plan.storage or str(Path(plan.out_dir) / "optuna.journal")}
+
+
+def _config_of(trial: optuna.trial.FrozenTrial) -> Config | None:
+    attrs = trial.user_attrs
+    if "num_splits" not in attrs:
+        return None
+    return Config(int(attrs["num_splits"]), int(attrs["block_kv"]),
+                  int(attrs["reduce_threads"]), str(attrs["split_policy"]))
+
+
+def measured_trials(study: optuna.Study) -> dict[Config, optuna.trial.FrozenTrial]:
+    """Finished measurements of a study (status attr set, not a repeat), by config."""
+    done = {}
+    for trial in study.get_trials(deepcopy=False):
+        if trial.state.is_finished() and "status" in trial.user_attrs \
+                and "duplicate_of" not in trial.user_attrs:
+            done.setdefault(_config_of(trial), trial)
+    return done
+
+
+def recover_interrupted(study: optuna.Study) -> int:
+    """Tell FAIL every trial a killed run left RUNNING; return how many."""
+    stale = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    for trial in stale:
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+    return len(stale)
+
+
+def project(config: Config, candidates: list[Config]) -> Config:
+    """The candidate nearest ``config``: same block/reduce sizes, closest log2(S), same policy."""
+    if config in candidates:
+        return config
+    same = [c for c in candidates if (c.block_kv, c.reduce_threads)
+            == (config.block_kv, config.reduce_threads)] or candidates
+    return min(same, key=lambda c: (abs(math.log2(c.num_splits) - math.log2(config.num_splits)),
+                                    c.split_policy != config.split_policy, c.num_splits))
+
+
+def trial_rows(study: optuna.Study) -> list[dict]:
+    """trials.csv rows of one study."""
+    shape = study.user_attrs.get("shape")
+    rows = []
+    if shape is None:
+        return rows
+    for trial in study.get_trials(deepcopy=False):
+        attrs = trial.user_attrs
+        if not trial.state.is_finished() or "status" not in attrs or "duplicate_of" in attrs:
+            continue
+        row = {"gpu": study.user_attrs.get("gpu"), "study": study.study_name,
+               "trial": trial.number, "backend": study.user_attrs.get("backend")}
+        row.update({c: shape[c] for c in SHAPE_COLUMNS})
+        row["causal"] = int(bool(row["causal"]))
+        row.update({c: attrs.get(c) for c in table.TRIALS_COLUMNS if c not in row})
+        rows.append(row)
+    return rows
+
+
+def rebuild_trials_csv(storage, prefix: str, path: Path) -> pd.DataFrame:
+    """Write every measurement of the studies named ``prefix*`` to ``path`` (atomically)."""
+    rows = []
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        if summary.study_name.startswith(prefix):
+            study = optuna.load_study(study_name=summary.study_name, storage=storage)
+            rows.extend(trial_rows(study))
+    frame = pd.DataFrame(rows, columns=table.TRIALS_COLUMNS)
+    frame = frame.sort_values(["study", "trial"], kind="stable").reset_index(drop=True)
+    table.atomic_write_csv(path, frame)
+    return frame
+
+
+def check_existing_studies(plan: SweepPlan, storage) -> None:
+    if plan.resume:
+        return
+    names = {s.study_name: s.n_trials for s in
+             optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    taken = [n for n in (plan.study_name(s) for s in plan.shapes) if names.get(n)]
+    if taken:
+        raise StudyExists(f"the storage already holds {len(taken)} of these studies "
+                          f"(e.g. {taken[0]!r}); pass --resume to continue them, or --out / "
+                          f"--study-prefix for a fresh sweep")
+
+
+class ShapeRunner:
+    """Runs the trials of one shape's study."""
+
+    def __init__(self, plan: SweepPlan, shape: Shape, storage, run_id: str,
+                 copy_bw_gbps: float, winner: Config | None):
+        self.plan, self.shape, self.run_id, self.copy_bw = plan, shape, run_id, copy_bw_gbps
+        extra = [winner.num_splits] if winner else []
+        self.candidates = plan.candidates(shape, extra)
+        self.mode = plan.sampler_for(len(self.candidates))
+        self.target = plan.trial_target(len(self.candidates))
+        sampler = (optuna.samplers.TPESampler(seed=plan.seed, constant_liar=True)
+                   if self.mode == "tpe" else optuna.samplers.RandomSampler(seed=plan.seed))
+        self.study = optuna.create_study(storage=storage, study_name=plan.study_name(shape),
+                                         direction="minimize", sampler=sampler,
+                                         load_if_exists=True)
+        for key, value in (("shape", dataclasses.asdict(shape)), ("gpu", plan.gpu),
+                           ("backend", plan.backend)):
+            self.study.set_user_attr(key, value)
+        self.recovered = recover_interrupted(self.study)
+        priority = [space.fa2_config(shape, plan.num_sms)] + ([winner] if winner else [])
+        self.priority = [(project(c, self.candidates), src)
+                         for c, src in zip(priority, ("fa2", "table"))]
+        order = list(self.candidates)
+        random.Random(f"{plan.seed}:{space.shape_key(shape)}").shuffle(order)
+        self.grid_order = order
+        self.choices = {f: sorted({getattr(c, f) for c in self.candidates})
+                        for f in CONFIG_COLUMNS}
+
+    def done(self) -> dict[Config, optuna.trial.FrozenTrial]:
+        return measured_trials(self.study)
+
+    def _next_enqueue(self, done) -> tuple[Config | None, str]:
+        for config, source in self.priority:
+            if config not in done:
+                return config, source
+        if self.mode == "grid":
+            return next(((c, "grid") for c in self.grid_order if c not in done), (None, ""))
+        return None, "sampler"
+
+    def _suggest(self, trial: optuna.Trial) -> Config:
+        values = {f: trial.suggest_categorical(f, self.choices[f]) for f in CONFIG_COLUMNS}
+        return project(Config(**values), self.candidates)
+
+    def _record(self, trial, config: Config, timing: bench.Timing, source: str) -> None:
+        gbps = timing.gbps(self.shape.bytes_moved())
+        attrs = {**dataclasses.asdict(config), "status": timing.status,
+                 "reason": timing.reason, "median_us": timing.median_us,
+                 "p20_us": timing.p20_us, "p80_us": timing.p80_us, "iqr_us": timing.iqr_us,
+                 "n": timing.n, "gbps": gbps, "frac_copy_bw": gbps / self.copy_bw,
+                 "copy_bw_gbps": self.copy_bw, "method": timing.method,
+                 "input_sets": timing.input_sets, "max_abs_err": timing.max_abs_err,
+                 "workspace_bytes": tunables.workspace_bytes(self.shape, config.num_splits),
+                 "run_id": self.run_id, "source": source,
+                 "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        for key, value in attrs.items():
+            trial.set_user_attr(key, None if isinstance(value, float) and math.isnan(value)
+                                else value)
+        if timing.status == "ok":
+            self.study.tell(trial, timing.median_us)
+        else:
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def _repeat(self, trial, earlier: optuna.trial.FrozenTrial) -> None:
+        for key, value in earlier.user_attrs.items():
+            trial.set_user_attr(key, value)
+        trial.set_user_attr("duplicate_of", earlier.number)
+        if earlier.state == optuna.trial.TrialState.COMPLETE:
+            self.study.tell(trial, earlier.value)
+        else:
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def run(self, shape_bench_factory, deadline: float | None, on_trial=None) -> int:
+        """Measure until the target, the candidates or the deadline run out; return trials timed."""
+        timed, streak = 0, 0
+        while True:
+            done = self.done()
+            measured = sum(c in done for c in self.candidates)
+            if measured >= self.target:
+                return timed
+            if deadline is not None and time.monotonic() >= deadline:
+                return timed
+            if streak >= MAX_DUPLICATE_STREAK:
+                return timed
+            config, source = self._next_enqueue(done)
+            if config is None and self.mode == "grid":
+                return timed
+            if config is not None:
+                self.study.enqueue_trial(dataclasses.asdict(config))
+            trial = self.study.ask()
+            actual = self._suggest(trial)
+            if actual in done:
+                self._repeat(trial, done[actual])
+                streak += 1
+                continue
+            streak = 0
+            timing = shape_bench_factory().measure(actual)
+            self._record(trial, actual, timing, source if config == actual else "sampler")
+            timed += 1
+            if on_trial is not None:
+                on_trial(timing)
+            if timing.status == "failed" and any(m in timing.reason for m in FATAL_CUDA_MARKERS):
+                raise SweepAborted(f"{space.shape_key(self.shape)} {space.config_key(actual)}: "
+                                   f"{timing.reason}; the CUDA context is unusable, "
+                                   f"rerun with --resume")
+
+
+def current_winners(out_dir: Path) -> pd.DataFrame | None:
+    path = Path(out_dir) / "heuristics.csv"
+    if not path.is_file():
+        return None
+    return pd.read_csv(path, dtype={"split_policy": str})
+
+
+def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> dict:
+    """Run (or resume) the sweep; write trials.csv, heuristics.csv and the run's metadata."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    out_dir = Path(plan.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    storage = open_storage(plan.storage, out_dir)
+    check_existing_studies(plan, storage)
+    trials_path, heuristics_path = out_dir / "trials.csv", out_dir / "heuristics.csv"
+    rebuild_trials_csv(storage, plan.prefix, trials_path)
+    device = bench.default_device(plan.backend)
+    run_id = meta.new_run_id()
+    copy_bw = bench.copy_bandwidth_gbps(device, **plan.timing)
+    winners = current_winners(out_dir)
+    run_meta = meta.collect_meta(
+        device=device, backend=plan.backend, run_id=run_id, argv=argv,
+        timing_method="cuda_graph" if device.type == "cuda" else "wallclock",
+        extra={"gpu": plan.gpu, "grid": plan.grid.source, "copy_bw_gbps": copy_bw,
+               "timing": plan.timing, "sampler": plan.sampler, "trials": plan.trials,
+               "time_budget_s": plan.time_budget_s, "study_prefix": plan.prefix,
+               "resume": plan.resume, "status": "running", "shapes": len(plan.shapes)})
+    meta.write_run_meta(out_dir, run_meta)
+    start = time.monotonic()
+    last_rebuild = [start]
+    totals = {"timed": 0, "failed": 0, "recovered": 0}
+
+    def after_trial(timing: bench.Timing) -> None:
+        totals["timed"] += 1
+        totals["failed"] += timing.status != "ok"
+        trial_bar.update(1)
+        if time.monotonic() - last_rebuild[0] >= REBUILD_EVERY_S:
+            rebuild_trials_csv(storage, plan.prefix, trials_path)
+            last_rebuild[0] = time.monotonic()
+
+    disable = None if progress is None else not progress  # None: only on a terminal
+    shape_bar = tqdm(plan.shapes, desc="shapes", unit="shape", disable=disable)
+    planned = sum(row["trials"] for row in dry_run_summary(plan)["shapes"])
+    trial_bar = tqdm(total=planned, desc="trials", unit="trial", disable=disable)
+    status = "interrupted"
+    try:
+        for i, shape in enumerate(shape_bar):
+            shape_bar.set_postfix_str(space.shape_key(shape))
+            deadline = None
+            if plan.time_budget_s is not None:
+                remaining = plan.time_budget_s - (time.monotonic() - start)
+                deadline = time.monotonic() + remaining / (len(plan.shapes) - i)
+            runner = ShapeRunner(plan, shape, storage, run_id, copy_bw,
+                                 table.lookup_config(winners, shape))
+            totals["recovered"] += runner.recovered
+            already = sum(c in runner.done() for c in runner.candidates)
+            trial_bar.update(min(already, runner.target))  # finished in an earlier run
+            holder: list[bench.ShapeBench] = []
+
+            def shape_bench(shape=shape, holder=holder) -> bench.ShapeBench:
+                if not holder:
+                    holder.append(bench.ShapeBench(
+                        shape, backend=plan.backend, device=device, seed=plan.seed,
+                        num_sms=plan.num_sms, **plan.timing))
+                return holder[0]
+
+            timed_before = totals["timed"]
+            runner.run(shape_bench, deadline, after_trial)
+            skipped = runner.target - min(already, runner.target) - (totals["timed"] - timed_before)
+            trial_bar.update(max(0, skipped))  # budget or candidates ran out before the target
+            holder.clear()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            frame = rebuild_trials_csv(storage, plan.prefix, trials_path)
+            table.atomic_write_csv(heuristics_path, table.build_heuristics(frame))
+            last_rebuild[0] = time.monotonic()
+        status = "completed"
+    except SweepAborted:
+        status = "aborted"
+        raise
+    finally:
+        trial_bar.close()
+        shape_bar.close()
+        frame = rebuild_trials_csv(storage, plan.prefix, trials_path)
+        heuristics = table.build_heuristics(frame)
+        table.atomic_write_csv(heuristics_path, heuristics)
+        run_meta.update(status=status, elapsed_s=round(time.monotonic() - start, 3), **totals)
+        meta.write_run_meta(out_dir, run_meta)
+    return {"run_id": run_id, "trials_csv": trials_path, "heuristics_csv": heuristics_path,
+            "trials": frame, "heuristics": heuristics, "copy_bw_gbps": copy_bw, **totals}

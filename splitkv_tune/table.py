@@ -1,0 +1,178 @@
+"""Trials (long format, ``trials.csv``) -> heuristics table (``heuristics.csv``), and atomic writes.
+
+``trials.csv`` columns (``TRIALS_COLUMNS``), one row per measured config:
+``gpu, run_id, study, trial, backend``, the shape columns and the tunables of
+``table_schema``, ``workspace_bytes``, ``median_us, p20_us, p80_us, iqr_us, n``,
+``status`` (ok | failed | wrong), ``reason``, ``gbps`` (bytes moved / median, 1e9 B/s),
+``frac_copy_bw`` (gbps / copy bandwidth measured in the same run), ``copy_bw_gbps``,
+``method`` (cuda_graph | cuda_events | wallclock), ``input_sets``, ``max_abs_err``,
+``source`` (fa2 | table | sampler | grid) and ``finished_at``.
+
+Choosing a winner per shape (``build_heuristics``): only ``status == "ok"`` rows with a
+finite, positive median count. The fastest config sets the noise margin
+``max((p80 - p20) / median, min_margin)``; every config within that margin of the fastest
+is a tie, and ties go to the smaller ``num_splits``, then the smaller workspace, then the
+lower median. The runner-up is the fastest of the other configs.
+"""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from splitkv_tune import tunables
+from splitkv_tune.table_schema import (CONFIG_COLUMNS, HEURISTICS_COLUMNS, SCHEMA_VERSION,
+                                       SHAPE_COLUMNS)
+
+TRIALS_COLUMNS = (
+    ["gpu", "run_id", "study", "trial", "backend"] + SHAPE_COLUMNS + CONFIG_COLUMNS
+    + ["workspace_bytes", "median_us", "p20_us", "p80_us", "iqr_us", "n", "status", "reason",
+       "gbps", "frac_copy_bw", "copy_bw_gbps", "method", "input_sets", "max_abs_err",
+       "source", "finished_at"]
+)
+MIN_NOISE_MARGIN = 0.01
+
+
+def atomic_write_text(path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace``: a reader (or a
+    kill) never sees a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_csv(path, frame: pd.DataFrame) -> Path:
+    return atomic_write_text(path, frame.to_csv(index=False))
+
+
+def read_trials(path) -> pd.DataFrame:
+    """Load a trials.csv, keeping ``reason`` and ``split_policy`` as strings."""
+    return pd.read_csv(path, dtype={"reason": str, "split_policy": str, "run_id": str},
+                       keep_default_na=True)
+
+
+def _shape_of(row) -> tunables.Shape:
+    return tunables.Shape(str(row["dtype"]), int(row["head_dim"]), int(row["batch"]),
+                          int(row["q_heads"]), int(row["kv_heads"]), int(row["q_len"]),
+                          int(row["kv_len"]), bool(int(row["causal"])))
+
+
+def usable_trials(trials: pd.DataFrame) -> pd.DataFrame:
+    """Rows that can win: status ok, finite positive median; one (the latest) per config.
+
+    >>> t = pd.DataFrame({"status": ["ok", "failed", "ok", "ok"],
+    ...                   "median_us": [1.0, 0.5, float("nan"), 2.0]})
+    >>> usable_trials(t).median_us.tolist()
+    [1.0, 2.0]
+    """
+    ok = trials[(trials["status"] == "ok")
+                & pd.to_numeric(trials["median_us"], errors="coerce").gt(0)
+                & pd.to_numeric(trials["median_us"], errors="coerce").map(
+                    lambda x: math.isfinite(x) if x == x else False)]
+    keys = [c for c in ["gpu"] + SHAPE_COLUMNS + CONFIG_COLUMNS if c in ok.columns]
+    if not keys:
+        return ok
+    if "run_id" in ok.columns:
+        ok = ok.sort_values("run_id", kind="stable")
+    return ok.drop_duplicates(keys, keep="last")
+
+
+def pick_winner(group: pd.DataFrame, min_margin: float = MIN_NOISE_MARGIN):
+    """(winner row, runner-up row or None, noise margin) of one shape's usable trials.
+
+    >>> g = pd.DataFrame({"num_splits": [16, 8, 4], "median_us": [10.0, 10.05, 12.0],
+    ...                   "p20_us": [9.9, 10.0, 11.9], "p80_us": [10.1, 10.1, 12.1],
+    ...                   "workspace_bytes": [4, 2, 1]})
+    >>> win, runner, margin = pick_winner(g)
+    >>> int(win.num_splits), int(runner.num_splits), margin
+    (8, 16, 0.02)
+    """
+    ordered = group.sort_values("median_us", kind="stable")
+    fastest = ordered.iloc[0]
+    spread = (fastest["p80_us"] - fastest["p20_us"]) / fastest["median_us"]
+    margin = float(max(spread if math.isfinite(spread) else 0.0, min_margin))
+    ties = ordered[ordered["median_us"] <= fastest["median_us"] * (1 + margin)]
+    sort_cols = ["num_splits"] + (["workspace_bytes"] if "workspace_bytes" in ties else [])
+    winner = ties.sort_values(sort_cols + ["median_us"], kind="stable").iloc[0]
+    rest = ordered.drop(index=winner.name)
+    runner = rest.iloc[0] if len(rest) else None
+    return winner, runner, round(margin, 6)
+
+
+def build_heuristics(trials: pd.DataFrame, gpu: str | None = None,
+                     min_margin: float = MIN_NOISE_MARGIN) -> pd.DataFrame:
+    """One ``table_schema`` row per (gpu, shape) with at least one usable trial.
+
+    ``gpu`` fills the gpu column when ``trials`` has none (or overrides it).
+    """
+    trials = trials.copy()
+    if gpu is not None or "gpu" not in trials.columns:
+        trials["gpu"] = gpu or "unknown"
+    if "workspace_bytes" not in trials.columns:
+        trials["workspace_bytes"] = [
+            tunables.workspace_bytes(_shape_of(r), int(r["num_splits"]))
+            for _, r in trials.iterrows()]
+    usable = usable_trials(trials)
+    rows = []
+    for _, group in usable.groupby(["gpu"] + SHAPE_COLUMNS, sort=True, dropna=False):
+        winner, runner, margin = pick_winner(group, min_margin)
+        row = {"schema_version": SCHEMA_VERSION}
+        for col in ["gpu"] + SHAPE_COLUMNS + CONFIG_COLUMNS + [
+                "median_us", "p20_us", "p80_us", "gbps", "frac_copy_bw", "run_id"]:
+            row[col] = winner.get(col)
+        for col in CONFIG_COLUMNS:
+            row["runner_up_" + col] = None if runner is None else runner[col]
+        row["runner_up_us"] = None if runner is None else runner["median_us"]
+        row["noise_margin"] = margin
+        row["n_trials"] = len(group)
+        rows.append(row)
+    table = pd.DataFrame(rows, columns=HEURISTICS_COLUMNS)
+    if len(table):
+        table["causal"] = table["causal"].astype(int)
+        for col in ["runner_up_num_splits", "runner_up_block_kv", "runner_up_reduce_threads"]:
+            table[col] = table[col].astype("Int64")
+    return table.reset_index(drop=True)
+
+
+def lookup_config(table: pd.DataFrame, shape: tunables.Shape) -> tunables.Config | None:
+    """The winner config a heuristics table holds for exactly ``shape``, if any.
+
+    >>> t = pd.DataFrame([{"dtype": "bf16", "head_dim": 128, "causal": 0, "batch": 1,
+    ...     "q_heads": 8, "kv_heads": 8, "q_len": 1, "kv_len": 512, "num_splits": 4,
+    ...     "block_kv": 64, "reduce_threads": 128, "split_policy": "blocks"}])
+    >>> lookup_config(t, tunables.Shape("bf16", 128, 1, 8, 8, 1, 512))
+    Config(num_splits=4, block_kv=64, reduce_threads=128, split_policy='blocks')
+    """
+    if table is None or not len(table):
+        return None
+    mask = pd.Series(True, index=table.index)
+    for col in SHAPE_COLUMNS:
+        value = int(shape.causal) if col == "causal" else getattr(shape, col)
+        mask &= table[col].astype(type(value) if col != "causal" else int) == value
+    hits = table[mask]
+    if not len(hits):
+        return None
+    row = hits.iloc[0]
+    return tunables.Config(int(row["num_splits"]), int(row["block_kv"]),
+                           int(row["reduce_threads"]), str(row["split_policy"]))
+
+
+def write_heuristics(trials_path, out_path, gpu: str | None = None,
+                     min_margin: float = MIN_NOISE_MARGIN) -> pd.DataFrame:
+    """Read trials.csv, build the table and write it atomically; return it."""
+    table = build_heuristics(read_trials(trials_path), gpu, min_margin)
+    atomic_write_csv(out_path, table)
+    return table

@@ -1,0 +1,250 @@
+"""Schema of the heuristics table (``results/<gpu>/heuristics.csv``): one row per shape.
+
+Version 1 columns, in order:
+
+* ``schema_version`` - this schema's version (``1``).
+* ``gpu`` - normalised GPU name (``gpus.normalize_gpu_name``), e.g. ``nvidia_h200``.
+* shape: ``dtype`` (fp16|bf16), ``head_dim``, ``causal`` (0|1), ``batch``, ``q_heads``,
+  ``kv_heads``, ``q_len``, ``kv_len``.
+* winner: ``num_splits``, ``block_kv``, ``reduce_threads``, ``split_policy``,
+  ``median_us``, ``p20_us``, ``p80_us``, ``gbps`` (bytes moved / median), ``frac_copy_bw``.
+* ``runner_up_num_splits``, ``runner_up_block_kv``, ``runner_up_reduce_threads``,
+  ``runner_up_split_policy``, ``runner_up_us`` - the next best config (empty when none).
+* ``noise_margin`` - relative noise used to call ties, ``(p80 - p20) / median`` of the winner.
+* ``n_trials`` - successful trials behind the row; ``run_id`` - the sweep run that measured the winner.
+
+Tables come from other machines and people, so :func:`read_heuristics` checks every value
+before anything else (selector, JSON or C++ export) sees it: integers are plain decimal
+integers inside the kernel's ranges (``tunables``), names match ``[A-Za-z0-9_.-]+``, and
+any problem raises :class:`TableError` naming the file and the problem.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from splitkv_tune import tunables
+
+SCHEMA_VERSION = 1
+
+SHAPE_COLUMNS = ["dtype", "head_dim", "causal", "batch", "q_heads", "kv_heads", "q_len", "kv_len"]
+CONFIG_COLUMNS = ["num_splits", "block_kv", "reduce_threads", "split_policy"]
+HEURISTICS_COLUMNS = (
+    ["schema_version", "gpu"] + SHAPE_COLUMNS + CONFIG_COLUMNS
+    + ["median_us", "p20_us", "p80_us", "gbps", "frac_copy_bw"]
+    + ["runner_up_" + c for c in CONFIG_COLUMNS] + ["runner_up_us"]
+    + ["noise_margin", "n_trials", "run_id"]
+)
+TRIALS_COLUMNS = (SHAPE_COLUMNS + CONFIG_COLUMNS
+                  + ["median_us", "p20_us", "p80_us", "n", "status", "reason",
+                     "gbps", "frac_copy_bw", "run_id"])
+TRIAL_STATUSES = ("ok", "failed", "wrong")
+
+# Largest value of one shape dimension: the C++ lookup takes int64 and must not overflow.
+MAX_DIM = 2**31 - 1
+NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+_INT_RE = re.compile(r"[+]?[0-9]+")
+
+_SHAPE_INT = ["head_dim", "batch", "q_heads", "kv_heads", "q_len", "kv_len"]
+_CHOICES = {"dtype": tunables.DTYPES, "split_policy": tunables.SPLIT_POLICIES,
+            "runner_up_split_policy": tunables.SPLIT_POLICIES}
+_INT_CHOICES = {"head_dim": tunables.HEAD_DIMS, "block_kv": tunables.BLOCK_KV,
+                "reduce_threads": tunables.REDUCE_THREADS,
+                "runner_up_block_kv": tunables.BLOCK_KV,
+                "runner_up_reduce_threads": tunables.REDUCE_THREADS}
+_INT_RANGES = {"num_splits": (1, tunables.MAX_SPLITS),
+               "runner_up_num_splits": (1, tunables.MAX_SPLITS),
+               "schema_version": (0, 2**31), "n_trials": (0, 2**31), "n": (0, 2**31)}
+_OPTIONAL = {"p20_us", "p80_us", "gbps", "frac_copy_bw", "noise_margin", "runner_up_us",
+             "runner_up_num_splits", "runner_up_block_kv", "runner_up_reduce_threads",
+             "runner_up_split_policy"}
+_FLOATS = {"median_us", "p20_us", "p80_us", "gbps", "frac_copy_bw", "noise_margin",
+           "runner_up_us"}
+
+
+class TableError(Exception):
+    """A table that cannot be used; ``str()`` names the file and the problem.
+
+    >>> str(TableError("t.csv", "missing columns: gpu"))
+    't.csv: missing columns: gpu'
+    """
+
+    def __init__(self, file, problem: str):
+        self.file = str(file)
+        self.problem = problem
+        super().__init__(f"{self.file}: {problem}")
+
+
+def _show(value: str) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _parse_int(col: str, raw: str) -> int:
+    if not _INT_RE.fullmatch(raw):
+        raise ValueError(f"{col} must be an integer, got {_show(raw)}")
+    value = int(raw)
+    if col in _INT_CHOICES and value not in _INT_CHOICES[col]:
+        raise ValueError(f"{col} must be one of {_INT_CHOICES[col]}, got {value}")
+    lo, hi = _INT_RANGES.get(col, (1, MAX_DIM))
+    if not lo <= value <= hi:
+        raise ValueError(f"{col} must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+def _parse_value(col: str, raw: str, optional=frozenset(_OPTIONAL)):
+    """One cell, as read from the CSV (a string; empty when missing)."""
+    if raw == "" or raw.lower() == "nan":
+        if col in optional or col == "reason":
+            return None
+        raise ValueError(f"{col} is empty or NaN")
+    if col in ("gpu", "run_id"):
+        if not NAME_RE.fullmatch(raw):
+            raise ValueError(f"{col} must match [A-Za-z0-9_.-]+, got {_show(raw)}")
+        return raw
+    if col in _CHOICES:
+        if raw not in _CHOICES[col]:
+            raise ValueError(f"{col} must be one of {_CHOICES[col]}, got {_show(raw)}")
+        return raw
+    if col == "status":
+        if raw not in TRIAL_STATUSES:
+            raise ValueError(f"status must be one of {TRIAL_STATUSES}, got {_show(raw)}")
+        return raw
+    if col == "reason":
+        return raw
+    if col == "causal":
+        flag = {"0": 0, "1": 1, "false": 0, "true": 1}.get(raw.lower())
+        if flag is None:
+            raise ValueError(f"causal must be 0 or 1, got {_show(raw)}")
+        return flag
+    if col in _FLOATS:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"{col} must be a number, got {_show(raw)}") from None
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{col} must be a finite number >= 0, got {_show(raw)}")
+        return value
+    return _parse_int(col, raw)
+
+
+def _validate_rows(df: pd.DataFrame, columns: list[str], source,
+                   optional=frozenset(_OPTIONAL)) -> pd.DataFrame:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise TableError(source, "missing columns: " + ", ".join(missing))
+    if len(df) == 0:
+        raise TableError(source, "empty table (no rows)")
+    records = []
+    for i, row in enumerate(df[columns].itertuples(index=False, name=None)):
+        rec = {}
+        for col, raw in zip(columns, row):
+            raw = "" if raw is None or (isinstance(raw, float) and math.isnan(raw)) else str(raw)
+            try:
+                rec[col] = _parse_value(col, raw.strip(), optional)
+            except ValueError as exc:
+                raise TableError(source, f"row {i + 1} (line {i + 2}): {exc}") from None
+        if rec["q_heads"] % rec["kv_heads"]:
+            raise TableError(source, f"row {i + 1} (line {i + 2}): q_heads ({rec['q_heads']}) "
+                                     f"is not a multiple of kv_heads ({rec['kv_heads']})")
+        records.append(rec)
+    return pd.DataFrame.from_records(records, columns=columns)
+
+
+def validate_heuristics(df: pd.DataFrame, source="<table>") -> pd.DataFrame:
+    """Check a raw heuristics table; return it typed, with only the schema's columns.
+
+    Raises :class:`TableError` (file + problem) on missing columns, a wrong schema
+    version, NaN or empty required cells, unknown dtype/head_dim, values outside the
+    kernel's ranges, non-integers, names not matching ``[A-Za-z0-9_.-]+``, duplicate
+    shapes and empty tables.
+
+    >>> row = dict(schema_version=1, gpu="nvidia_h200", dtype="bf16", head_dim=128, causal=0,
+    ...            batch=1, q_heads=32, kv_heads=8, q_len=1, kv_len=4096, num_splits=16,
+    ...            block_kv=64, reduce_threads=128, split_policy="blocks", median_us=9.5,
+    ...            n_trials=40, run_id="r1")
+    >>> validate_heuristics(pd.DataFrame([row]))["num_splits"].tolist()
+    [16]
+    >>> def problem(**change):
+    ...     try:
+    ...         validate_heuristics(pd.DataFrame([{**row, **change}]))
+    ...     except TableError as exc:
+    ...         return str(exc)
+    >>> print(problem(gpu='x";system("rm -rf /");//'))
+    <table>: row 1 (line 2): gpu must match [A-Za-z0-9_.-]+, got 'x";system("rm -rf /");//'
+    >>> problem(schema_version=2)
+    '<table>: schema_version is 2, this tool reads version 1'
+    >>> problem(num_splits=1.5)
+    "<table>: row 1 (line 2): num_splits must be an integer, got '1.5'"
+    """
+    df = df.copy()
+    for col in _OPTIONAL:
+        if col not in df.columns:
+            df[col] = None
+    out = _validate_rows(df, HEURISTICS_COLUMNS, source)
+    versions = sorted(set(out["schema_version"]))
+    if versions != [SCHEMA_VERSION]:
+        raise TableError(source, f"schema_version is {', '.join(map(str, versions))}, "
+                                 f"this tool reads version {SCHEMA_VERSION}")
+    dup = out.duplicated(subset=["gpu"] + SHAPE_COLUMNS)
+    if dup.any():
+        i = int(dup.to_numpy().nonzero()[0][0])
+        raise TableError(source, f"row {i + 1} (line {i + 2}): duplicate shape (same GPU and "
+                                 "shape as an earlier row)")
+    return out
+
+
+def _read_csv(path) -> pd.DataFrame:
+    path = Path(path)
+    try:
+        return pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
+    except FileNotFoundError:
+        raise TableError(path, "no such file") from None
+    except pd.errors.EmptyDataError:
+        raise TableError(path, "empty file (no header, no rows)") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise TableError(path, f"not a readable CSV ({str(exc).strip()[:80]})") from None
+
+
+def read_heuristics(path, gpu: str | None = None) -> pd.DataFrame:
+    """Read and validate ``heuristics.csv``; with ``gpu``, keep that GPU's rows only.
+
+    A ``gpu`` with no rows in the table is an error naming the GPUs the table has.
+    """
+    df = validate_heuristics(_read_csv(path), path)
+    if gpu is not None:
+        from splitkv_tune.gpus import resolve_gpu
+        want = resolve_gpu(gpu)
+        keep = df["gpu"].map(resolve_gpu) == want
+        if not keep.any():
+            have = ", ".join(sorted(set(df["gpu"])))
+            raise TableError(path, f"unknown GPU {gpu!r} for this table (it has rows for: {have})")
+        df = df[keep].reset_index(drop=True)
+    return df
+
+
+def validate_trials(df: pd.DataFrame, source="<trials>") -> pd.DataFrame:
+    """Check a raw ``trials.csv`` (one row per measured config) like :func:`validate_heuristics`.
+
+    ``median_us``/``p20_us``/``p80_us``/``gbps``/``frac_copy_bw`` may be empty for failed trials.
+    A ``gpu`` column is kept (validated) when present; other extra columns are dropped.
+    """
+    df = df.copy()
+    for col in ("reason", "gbps", "frac_copy_bw", "n"):
+        if col not in df.columns:
+            df[col] = "" if col != "n" else "0"
+    columns = TRIALS_COLUMNS + (["gpu"] if "gpu" in df.columns else [])
+    out = _validate_rows(df, columns, source, frozenset(_OPTIONAL | {"median_us"}))
+    bad = (out["status"] == "ok") & out["median_us"].isna()
+    if bad.any():
+        i = int(bad.to_numpy().nonzero()[0][0])
+        raise TableError(source, f"row {i + 1} (line {i + 2}): status ok but median_us is empty")
+    return out
+
+
+def read_trials(path) -> pd.DataFrame:
+    """Read and validate ``trials.csv``."""
+    return validate_trials(_read_csv(path), path)

@@ -1,0 +1,279 @@
+"""Every tunable of the kernels, and the split math, in one place.
+
+This module is the single source of truth: ``splitkv_tune.codegen`` writes the
+C++ traits header and the kernel instantiations from it, the host-side
+validation and heuristics read it, and ``reference.py`` uses the same split
+ranges as the CUDA kernel.
+
+Numeric contract of the partials (also written in ``kernels/include/splitkv/params.h``):
+
+* ``x_j = softmax_scale * <q, k_j>`` in natural-log units.
+* For split ``s`` covering keys ``[start, end)`` of one packed query row:
+  ``m_s = max_j x_j`` (``-inf`` if the split has no unmasked key),
+  ``l_s = sum_j exp(x_j - m_s)`` (``0`` if empty),
+  ``O_s = sum_j exp(x_j - m_s) * v_j`` (un-normalised, fp32; ``0`` if empty).
+* Merge: ``m = max_s m_s``; ``l = sum_s exp(m_s - m) * l_s``;
+  ``O = sum_s exp(m_s - m) * O_s / l``; ``lse = m + log(l)``. Splits with
+  ``l_s == 0`` are skipped; a row whose splits are all empty gets ``O = 0``
+  and ``lse = -inf``.
+* Packed rows: the ``G = Hq / Hkv`` query heads sharing one KV head are packed
+  into one CTA; packed row ``r = q_idx * G + g`` is query position ``q_idx`` of
+  query head ``h_kv * G + g``.
+* Workspace layout (fp32, each section 128-byte aligned):
+  ``O[S, B, Hkv, Sq*G, D]``, then ``m[S, B, Hkv, Sq*G]``, then ``l[S, B, Hkv, Sq*G]``.
+  With ``S == 1`` the split kernel writes the final output and no workspace is used.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+DTYPES = ("fp16", "bf16")
+HEAD_DIMS = (64, 128)
+BLOCK_KV = (32, 64, 128)
+REDUCE_THREADS = (64, 128, 256)
+SPLIT_POLICIES = ("length", "blocks")
+MAX_SPLITS = 128
+WORKSPACE_ALIGN = 128
+KV_STAGES = 2
+NUM_WARPS = 4
+# Query-tile heights (packed rows per CTA) and the warp layout each uses:
+# block_m -> (warps along M, warps along N).
+BLOCK_M = {16: (1, 4), 64: (4, 1)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """One attention problem."""
+
+    dtype: str
+    head_dim: int
+    batch: int
+    q_heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    causal: bool = False
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head (1 for MHA)."""
+        return self.q_heads // self.kv_heads
+
+    @property
+    def packed_rows(self) -> int:
+        """Rows of one (batch, KV head) problem after GQA packing."""
+        return self.q_len * self.group
+
+    def validate(self) -> "Shape":
+        """Raise ``ValueError`` naming the field that is out of range.
+
+        >>> Shape("bf16", 96, 1, 8, 8, 1, 128).validate()
+        Traceback (most recent call last):
+        ...
+        ValueError: head_dim must be one of (64, 128), got 96
+        """
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
+        for name in ("batch", "q_heads", "kv_heads", "q_len", "kv_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.q_heads % self.kv_heads:
+            raise ValueError(
+                f"q_heads ({self.q_heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        return self
+
+    def element_bytes(self) -> int:
+        return 2
+
+    def bytes_moved(self) -> int:
+        """Fewest bytes a forward pass moves: Q, K, V read once and O written once.
+
+        >>> Shape("bf16", 128, 1, 32, 8, 1, 4096).bytes_moved()
+        16793600
+        """
+        e = self.element_bytes()
+        qo = 2 * self.batch * self.q_heads * self.q_len * self.head_dim * e
+        kv = 2 * self.batch * self.kv_heads * self.kv_len * self.head_dim * e
+        return qo + kv
+
+    def flops(self) -> float:
+        """Matrix FLOPs (QK^T and PV), halved-ish for causal as FlashAttention counts them."""
+        f = 4.0 * self.batch * self.q_heads * self.q_len * self.kv_len * self.head_dim
+        if self.causal:
+            # Keys each query sees under bottom-right alignment, summed over queries.
+            seen = sum(min(self.kv_len, max(0, i + 1 + self.kv_len - self.q_len))
+                       for i in range(self.q_len))
+            f *= seen / (self.q_len * self.kv_len)
+        return f
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The run-time tunables of one launch."""
+
+    num_splits: int = 1
+    block_kv: int = 64
+    reduce_threads: int = 128
+    split_policy: str = "blocks"
+
+    def validate(self) -> "Config":
+        """Raise ``ValueError`` naming the tunable that is out of range.
+
+        >>> Config(num_splits=0).validate()
+        Traceback (most recent call last):
+        ...
+        ValueError: num_splits must be an integer in [1, 128], got 0
+        >>> Config(block_kv=48).validate()
+        Traceback (most recent call last):
+        ...
+        ValueError: block_kv must be one of (32, 64, 128), got 48
+        """
+        s = self.num_splits
+        if not isinstance(s, int) or isinstance(s, bool) or not 1 <= s <= MAX_SPLITS:
+            raise ValueError(f"num_splits must be an integer in [1, {MAX_SPLITS}], got {s!r}")
+        if self.block_kv not in BLOCK_KV:
+            raise ValueError(f"block_kv must be one of {BLOCK_KV}, got {self.block_kv!r}")
+        if self.reduce_threads not in REDUCE_THREADS:
+            raise ValueError(
+                f"reduce_threads must be one of {REDUCE_THREADS}, got {self.reduce_threads!r}")
+        if self.split_policy not in SPLIT_POLICIES:
+            raise ValueError(
+                f"split_policy must be one of {SPLIT_POLICIES}, got {self.split_policy!r}")
+        return self
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def align_up(n: int, a: int = WORKSPACE_ALIGN) -> int:
+    return ceil_div(n, a) * a
+
+
+def block_m_for(packed_rows: int) -> int:
+    """Query-tile height for a problem with ``packed_rows`` rows per (batch, KV head).
+
+    Shared by the kernel dispatch and every host heuristic.
+
+    A 128-row tile would hold 256 fp32 accumulators per thread with 4 warps and spill.
+
+    >>> [block_m_for(r) for r in (1, 16, 17, 8192)]
+    [16, 16, 64, 64]
+    """
+    return 16 if packed_rows <= 16 else 64
+
+
+def smem_bytes(head_dim: int, block_kv: int, block_m: int) -> int:
+    """Shared memory of one split-kernel CTA: Q tile, K and V stages, P tile, row exchange.
+
+    >>> smem_bytes(128, 128, 16)
+    139776
+    """
+    warps_n = BLOCK_M[block_m][1]
+    elems = block_m * head_dim + KV_STAGES * 2 * block_kv * head_dim + block_m * block_kv
+    exchange = 2 * warps_n * block_m * 4 if warps_n > 1 else 0
+    return elems * 2 + exchange
+
+
+def num_m_blocks(shape: Shape) -> int:
+    return ceil_div(shape.packed_rows, block_m_for(shape.packed_rows))
+
+
+def tile_kv_end(shape: Shape, m_block: int) -> int:
+    """One past the last key any row of query tile ``m_block`` may attend.
+
+    Causal masks are aligned bottom-right (query ``i`` sees keys ``<= i + Sk - Sq``).
+
+    >>> s = Shape("bf16", 128, 1, 1, 1, q_len=100, kv_len=100, causal=True)
+    >>> tile_kv_end(s, 0)
+    64
+    """
+    if not shape.causal:
+        return shape.kv_len
+    bm = block_m_for(shape.packed_rows)
+    last_row = min((m_block + 1) * bm, shape.packed_rows) - 1
+    last_q = last_row // shape.group
+    return max(0, min(shape.kv_len, last_q + 1 + shape.kv_len - shape.q_len))
+
+
+def split_range(split: int, num_splits: int, kv_len: int, kv_end: int,
+                block_kv: int, policy: str) -> tuple[int, int]:
+    """Keys ``[start, end)`` of one split for a query tile whose keys end at ``kv_end``.
+
+    ``"length"`` cuts ``[0, kv_len)`` into equal lengths (clipped to the tile's causal
+    end, so trailing splits of early tiles are empty); ``"blocks"`` gives every split the
+    same count (within one) of ``block_kv`` blocks of ``[0, kv_end)``. ``end <= start``
+    means an empty split.
+
+    >>> [split_range(i, 3, 100, 100, 32, "length") for i in range(3)]
+    [(0, 33), (33, 66), (66, 100)]
+    >>> [split_range(i, 3, 100, 100, 32, "blocks") for i in range(3)]
+    [(0, 32), (32, 64), (64, 100)]
+    >>> split_range(2, 4, 100, 40, 32, "length")
+    (50, 40)
+    """
+    if policy == "length":
+        start = split * kv_len // num_splits
+        end = (split + 1) * kv_len // num_splits
+        return start, min(end, kv_end)
+    n_blocks = ceil_div(kv_end, block_kv)
+    start = split * n_blocks // num_splits * block_kv
+    end = min((split + 1) * n_blocks // num_splits * block_kv, kv_end)
+    return start, end
+
+
+def workspace_sections(shape: Shape, num_splits: int) -> tuple[int, int, int]:
+    """Byte offsets of the O, m and l sections, and the total (see the module contract)."""
+    if num_splits == 1:
+        return 0, 0, 0
+    rows = num_splits * shape.batch * shape.q_heads * shape.q_len
+    o_bytes = align_up(rows * shape.head_dim * 4)
+    ml_bytes = align_up(rows * 4)
+    return o_bytes, o_bytes + ml_bytes, o_bytes + 2 * ml_bytes
+
+
+def workspace_bytes(shape: Shape, num_splits: int) -> int:
+    """Bytes of workspace a launch needs (0 when ``num_splits == 1``).
+
+    >>> workspace_bytes(Shape("bf16", 128, 1, 32, 8, 1, 4096), 16)
+    266240
+    """
+    return workspace_sections(shape, num_splits)[2]
+
+
+def kv_blocks(shape: Shape, block_kv: int) -> int:
+    return ceil_div(shape.kv_len, block_kv)
+
+
+def fa2_num_splits(shape: Shape, num_sms: int, block_kv: int = 128,
+                   max_splits: int = MAX_SPLITS) -> int:
+    """FlashAttention-2's split heuristic: the smallest S within 85% of the best wave efficiency.
+
+    ``block_kv`` is the KV block FlashAttention-2 uses to count blocks (128 for head
+    dim 128, 256 for 64); the query tile is its 64 rows over the GQA-packed rows.
+
+    >>> fa2_num_splits(Shape("bf16", 128, 1, 32, 8, 1, 16384), num_sms=132)
+    15
+    >>> fa2_num_splits(Shape("bf16", 128, 16, 32, 32, 1, 16384), num_sms=132)
+    1
+    """
+    work = shape.batch * shape.kv_heads * ceil_div(shape.packed_rows, 64)
+    if work >= 0.8 * num_sms:
+        return 1
+    n_blocks = ceil_div(shape.kv_len, block_kv)
+    limit = min(max_splits, num_sms, n_blocks)
+
+    def eligible(s: int) -> bool:
+        return s == 1 or ceil_div(n_blocks, s) != ceil_div(n_blocks, s - 1)
+
+    eff = {}
+    for s in range(1, limit + 1):
+        if eligible(s):
+            waves = work * s / num_sms
+            eff[s] = waves / math.ceil(waves)
+    best = max(eff.values())
+    return next(s for s in sorted(eff) if eff[s] >= 0.85 * best)

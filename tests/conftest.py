@@ -1,0 +1,85 @@
+"""Shared test set-up: the ``gpu`` marker and fresh, recorded random seeds.
+
+* ``@pytest.mark.gpu`` tests are skipped unless CUDA is available and the extension
+  ``splitkv_tune._C`` imports. Set ``SPLITKV_REQUIRE_GPU=1`` to run them anyway, so they
+  fail (use it on the GPU box so a broken build cannot pass as "all skipped").
+* The ``seed`` fixture draws a fresh seed per test (or takes ``SPLITKV_TEST_SEED``), seeds
+  torch with it, and a failing test's report says how to rerun it with that seed.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import secrets
+
+import pytest
+import torch  # before the extension: it links against libtorch's libraries
+
+REQUIRE_GPU = os.environ.get("SPLITKV_REQUIRE_GPU", "") not in ("", "0")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "gpu: needs a CUDA device and the built splitkv_tune._C extension")
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_unavailable_reason() -> str | None:
+    """Why ``gpu`` tests cannot run here, or ``None`` when they can."""
+    if not torch.cuda.is_available():
+        return "CUDA is not available"
+    try:
+        import splitkv_tune._C  # noqa: F401
+    except Exception as exc:  # ImportError, or an undefined symbol from a stale build
+        return f"splitkv_tune._C cannot be imported: {exc!r}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = None
+    for item in items:
+        if item.get_closest_marker("gpu") is None:
+            continue
+        reason = reason or gpu_unavailable_reason()
+        if reason is None:
+            return
+        if not REQUIRE_GPU:  # else let them run and fail on the missing GPU/extension
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def fresh_seed() -> int:
+    """``SPLITKV_TEST_SEED`` when set (to reproduce a failure), else a new random seed."""
+    env = os.environ.get("SPLITKV_TEST_SEED")
+    return int(env) if env else secrets.randbits(31)
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """A fresh seed, applied to torch's global generators and recorded on the test."""
+    value = fresh_seed()
+    torch.manual_seed(value)  # also seeds every CUDA device
+    request.node.user_properties.append(("seed", value))
+    request.node._splitkv_seed = value
+    return value
+
+
+@pytest.fixture
+def gen(seed) -> torch.Generator:
+    """A CPU ``torch.Generator`` seeded with :func:`seed`."""
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture
+def cuda_gen(seed) -> torch.Generator:
+    """A CUDA ``torch.Generator`` seeded with :func:`seed` (GPU tests only)."""
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    seed = getattr(item, "_splitkv_seed", None)
+    if seed is not None and report.failed:
+        report.sections.append(
+            ("random seed", f"rerun with SPLITKV_TEST_SEED={seed} pytest '{item.nodeid}'"))

@@ -1,0 +1,64 @@
+"""GPU checks of the timing harness, the cuda backend and the peers (skipped without CUDA + _C)."""
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+
+from splitkv_tune import bench, compare, gpus
+from splitkv_tune.tunables import Config, Shape
+
+pytestmark = pytest.mark.gpu
+FAST = dict(warmup_s=0.01, min_reps=10, max_time_s=0.02)
+SHAPE = Shape("bf16", 128, 1, 32, 8, 1, 4096)
+
+
+def test_cuda_graph_timing_and_copy_bandwidth():
+    x = torch.randn(1 << 22, device="cuda")
+    timing = bench.time_callable([lambda: x.mul_(1.0)], device="cuda", **FAST)
+    assert timing.method == "cuda_graph" and timing.n >= 10 and timing.median_us > 0
+    bandwidth = bench.copy_bandwidth_gbps("cuda", warmup_s=0.01, min_reps=10, max_time_s=0.05)
+    profile = gpus.profile_for(torch.cuda.get_device_name())
+    if profile is not None:
+        assert 0.5 * profile.copy_bw_gbps < bandwidth < 1.5 * profile.copy_bw_gbps
+
+
+def test_rotating_inputs_cover_twice_the_l2():
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    assert bench.input_sets_needed(SHAPE, "cuda") * SHAPE.bytes_moved() >= 2 * l2
+
+
+def test_cuda_config_is_checked_then_timed():
+    timing = bench.measure_config(SHAPE, Config(4, 64, 128, "blocks"), backend="cuda", **FAST)
+    assert timing.status == "ok", timing.reason
+    assert timing.max_abs_err is not None and timing.median_us > 0
+
+
+def test_wrong_output_is_never_timed(monkeypatch):
+    original = bench.ShapeBench.launcher
+    monkeypatch.setattr(bench.ShapeBench, "launcher",
+                        lambda self, c, q, k, v: (lambda f: (lambda: f() + 1))(
+                            original(self, c, q, k, v)))
+    timing = bench.measure_config(SHAPE, Config(4, 64, 128, "blocks"), backend="cuda", **FAST)
+    assert timing.status == "wrong" and timing.n == 0
+
+
+def test_sweep_on_cuda(tmp_path):
+    from splitkv_tune.cli_tune import sweep
+    grid = tmp_path / "g.yaml"
+    grid.write_text(yaml.safe_dump({
+        "shapes": [{"dtype": "bf16", "head_dim": 128, "q_heads": 32, "kv_heads": 8, "batch": 1,
+                    "q_len": 1, "kv_len": 4096}],
+        "space": {"num_splits": [1, 4, 16], "block_kv": [64], "reduce_threads": [128]},
+        "timing": FAST}))
+    result = CliRunner().invoke(sweep, ["--grid", str(grid), "--out", str(tmp_path / "o"),
+                                        "--no-progress"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "o" / "heuristics.csv").is_file()
+
+
+def test_compare_with_sdpa_peers():
+    results = compare.run_compare([SHAPE], backend="cuda", peers=("sdpa_flash", "sdpa_cudnn"),
+                                  timing=FAST, progress=False)
+    assert set(results.impl) == {"ours", "sdpa_flash", "sdpa_cudnn"}
+    assert (results[results.impl == "sdpa_flash"].status == "ok").all()
+    assert "speedup vs best peer" in compare.markdown_table(results)

@@ -1,0 +1,474 @@
+"""GPU tests of the split-KV kernels through ``splitkv_tune.ops`` (all marked ``gpu``).
+
+Correctness rule (DESIGN.md, after FlashAttention's tests): with ``ref`` = float64
+attention on the upcast inputs and ``pt`` = the same attention done by PyTorch in the input
+dtype, our max error must be <= 2 * pt's max error + the rounding of ``ref`` to the output
+dtype + 1e-3. NaN/inf never passes. Inputs are fresh random numbers every run (the seed is
+printed on failure; ``SPLITKV_TEST_SEED`` replays it). Before each call the workspace is
+filled with NaN bytes and the CUDA caching allocator is handed NaN-filled blocks of the
+output's size, so an element the kernels forget to write shows up as NaN.
+
+The big grid is a deterministic sample (``SPLITKV_GPU_CASES``, default 600) of the grid of
+issue 2 plus every edge case listed in ``EDGE_CASES``.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import random
+import re
+
+import pytest
+import torch
+
+from splitkv_tune import tunables
+from splitkv_tune.reference import (attention_ref, combine_partials_ref, splitkv_partials_ref,
+                                    unpack_rows)
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+HEADS = ((8, 8), (32, 8), (16, 1))
+SPLITS = (1, 2, 3, 7, 16, 64, 128)
+COMBINE_SPLITS = (1, 2, 3, 5, 17, 32, 97, 128)
+GRID = dict(dtype=tuple(DTYPES), head_dim=(64, 128), causal=(False, True),
+            q_len=(1, 3, 64, 128, 333), kv_len=(1, 17, 128, 1000, 4096, 20000), heads=HEADS,
+            num_splits=SPLITS, block_kv=tunables.BLOCK_KV, policy=tunables.SPLIT_POLICIES)
+NUM_GRID_CASES = int(os.environ.get("SPLITKV_GPU_CASES", "600"))
+
+
+@pytest.fixture(scope="module")
+def ops():
+    from splitkv_tune import ops as module  # imported here so CPU collection never needs it
+    return module
+
+
+# ------------------------------------------------------------------------------ cases
+def _case(dtype, head_dim, causal, q_len, kv_len, heads, num_splits, block_kv, policy,
+          reduce_threads=128, return_lse=True):
+    batch = 2 if q_len * kv_len <= 200_000 else 1
+    return dict(dtype=dtype, head_dim=head_dim, causal=causal, q_len=q_len, kv_len=kv_len,
+                q_heads=heads[0], kv_heads=heads[1], batch=batch, num_splits=num_splits,
+                block_kv=block_kv, policy=policy, reduce_threads=reduce_threads,
+                return_lse=return_lse)
+
+
+def _case_id(c):
+    return (f"{c['dtype']}-d{c['head_dim']}-{'causal' if c['causal'] else 'full'}"
+            f"-b{c['batch']}-sq{c['q_len']}-sk{c['kv_len']}-h{c['q_heads']}x{c['kv_heads']}"
+            f"-S{c['num_splits']}-bkv{c['block_kv']}-{c['policy']}-rt{c['reduce_threads']}"
+            f"{'-lse' if c['return_lse'] else ''}")
+
+
+def _edge_cases():
+    cases = []
+    for dt, causal, sq, s in itertools.product(DTYPES, (False, True), (1, 333), (1, 128)):
+        cases.append(_case(dt, 128, causal, sq, 1, (32, 8), s, 32, "blocks"))   # Sk = 1
+    for policy, bkv in itertools.product(tunables.SPLIT_POLICIES, tunables.BLOCK_KV):
+        # More splits than KV blocks (and, for "length", more splits than keys).
+        cases.append(_case("bf16", 128, False, 1, 17, (16, 1), 128, bkv, policy))
+        cases.append(_case("fp16", 64, True, 64, 128, (32, 8), 7, bkv, policy, 64))
+        cases.append(_case("bf16", 64, False, 3, 1000, (8, 8), 64, bkv, policy, 256))
+    for sq, sk, s in ((333, 1, 3), (333, 17, 7), (333, 128, 16), (128, 17, 2), (64, 17, 128),
+                      (3, 1, 2)):  # Sq > Sk, causal: fully masked rows and empty tiles
+        for policy in tunables.SPLIT_POLICIES:
+            cases.append(_case("bf16", 128, True, sq, sk, (32, 8), s, 64, policy))
+            cases.append(_case("fp16", 64, True, sq, sk, (16, 1), s, 32, policy))
+    # The largest problems of the grid.
+    cases.append(_case("bf16", 128, True, 333, 20000, (32, 8), 128, 128, "blocks"))
+    cases.append(_case("fp16", 128, False, 333, 20000, (16, 1), 64, 64, "length"))
+    cases.append(_case("bf16", 64, False, 1, 20000, (32, 8), 128, 32, "length"))
+    return cases
+
+
+def _grid_cases(n=NUM_GRID_CASES, seed=20261129):
+    """A fixed (seeded) sample of the full grid, so the ids are the same on every run."""
+    rng = random.Random(seed)
+    full = list(itertools.product(*GRID.values()))
+    picked = [_case(*values, reduce_threads=rng.choice(tunables.REDUCE_THREADS),
+                    return_lse=rng.random() < 0.5)
+              for values in rng.sample(full, min(n, len(full)))]
+    cases, seen = [], set()
+    for c in _edge_cases() + picked:
+        if _case_id(c) not in seen:
+            seen.add(_case_id(c))
+            cases.append(pytest.param(c, id=_case_id(c)))
+    return cases
+
+
+# ---------------------------------------------------------------------------- helpers
+def _inputs(c, gen):
+    dt = DTYPES[c["dtype"]] if isinstance(c["dtype"], str) else c["dtype"]
+    q = torch.randn(c["batch"], c["q_len"], c["q_heads"], c["head_dim"], generator=gen,
+                    device="cuda").to(dt)
+    k, v = (torch.randn(c["batch"], c["kv_len"], c["kv_heads"], c["head_dim"], generator=gen,
+                        device="cuda").to(dt) for _ in range(2))
+    return q, k, v
+
+
+def _shape(c):
+    return tunables.Shape(c["dtype"], c["head_dim"], c["batch"], c["q_heads"], c["kv_heads"],
+                          c["q_len"], c["kv_len"], c["causal"])
+
+
+def _nan_workspace(nbytes):
+    return torch.full((max(nbytes, 1),), 0xFF, dtype=torch.uint8, device="cuda")  # all NaN
+
+
+def _poison_allocator(*nbytes):
+    """Hand the caching allocator NaN-filled blocks, so ``torch.empty`` outputs start as NaN."""
+    blocks = [torch.full((n,), 0xFF, dtype=torch.uint8, device="cuda") for n in nbytes if n]
+    del blocks
+
+
+def _poison_for_output(q, with_lse=True):
+    b, sq, hq, d = q.shape
+    _poison_allocator(b * sq * hq * d * q.element_size(), b * hq * sq * 4 if with_lse else 0)
+
+
+def _references(q, k, v, causal, softmax_scale=None):
+    ref_out, ref_lse = attention_ref(q.double(), k.double(), v.double(), causal=causal,
+                                     softmax_scale=softmax_scale)
+    pt_out, _ = attention_ref(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    return ref_out, ref_lse, pt_out
+
+
+def _assert_rule(out, ref_out, pt_out, what="out"):
+    """DESIGN.md's rule: err <= 2 * err(PyTorch in the input dtype) + rounding + 1e-3."""
+    assert out.shape == ref_out.shape, f"{what}: shape {tuple(out.shape)}"
+    assert out.dtype == pt_out.dtype, f"{what}: dtype {out.dtype}, expected {pt_out.dtype}"
+    bad = ~torch.isfinite(out)
+    assert not bad.any(), f"{what}: {int(bad.sum())} NaN/inf elements, first at {bad.nonzero()[0].tolist()}"
+    err = (out.double() - ref_out).abs().max().item()
+    pt_err = (pt_out.double() - ref_out).abs().max().item()
+    rounding = (ref_out.to(out.dtype).double() - ref_out).abs().max().item()
+    bound = 2 * pt_err + rounding + 1e-3
+    assert err <= bound, f"{what}: max error {err:.3g} > bound {bound:.3g} (PyTorch {pt_err:.3g})"
+
+
+def _assert_lse(lse, ref_lse):
+    assert lse.dtype == torch.float32, f"lse dtype {lse.dtype}"
+    assert lse.shape == ref_lse.shape, f"lse shape {tuple(lse.shape)}"
+    assert not lse.isnan().any(), "lse has NaN"
+    ref_inf = torch.isinf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), ref_inf), "lse -inf rows differ from the reference"
+    diff = (lse.double() - ref_lse)[~ref_inf].abs()
+    tol = 1e-3 + 1e-5 * ref_lse[~ref_inf].abs()
+    assert torch.all(diff <= tol), f"lse max error {diff.max().item():.3g}"
+
+
+def _call(ops, q, k, v, c, workspace=None, return_lse=None):
+    return ops.splitkv_attention(
+        q, k, v, causal=c["causal"], num_splits=c["num_splits"], block_kv=c["block_kv"],
+        reduce_threads=c["reduce_threads"], split_policy=c["policy"], workspace=workspace,
+        return_lse=c["return_lse"] if return_lse is None else return_lse)
+
+
+# ------------------------------------------------------------------- the grid (DESIGN.md)
+@pytest.mark.parametrize("c", _grid_cases())
+def test_grid(ops, cuda_gen, c):
+    q, k, v = _inputs(c, cuda_gen)
+    ref_out, ref_lse, pt_out = _references(q, k, v, c["causal"])
+    s = c["num_splits"]
+    ws = _nan_workspace(ops.workspace_size(q, k, s)) if s > 1 else None
+    _poison_for_output(q, c["return_lse"])
+    res = _call(ops, q, k, v, c, workspace=ws)
+    torch.cuda.synchronize()
+    out, lse = res if c["return_lse"] else (res, None)
+    _assert_rule(out, ref_out, pt_out)
+    if lse is not None:
+        _assert_lse(lse, ref_lse)
+    if ws is not None:  # every row of every split was written (the workspace started NaN)
+        o_part, m, l = ops.workspace_views(ws, _shape(c), s)
+        assert torch.isfinite(o_part).all(), "partial O left unwritten (NaN)"
+        assert torch.isfinite(l).all() and not m.isnan().any(), "m/l left unwritten (NaN)"
+
+
+def _partial_cases():
+    rng = random.Random(7)
+    cases = [p for p in _grid_cases() if p.values[0]["num_splits"] > 1
+             and p.values[0]["q_len"] * p.values[0]["kv_len"] <= 333 * 4096]
+    edge_ids = {_case_id(c) for c in _edge_cases()}
+    edge = [p for p in cases if p.id in edge_ids]
+    rest = [p for p in cases if p.id not in edge_ids]
+    return edge + rng.sample(rest, min(120, len(rest)))
+
+
+@pytest.mark.parametrize("c", _partial_cases())
+def test_partials_match_reference(ops, cuda_gen, c):
+    """m, l and O of every split against ``splitkv_partials_ref`` in float64."""
+    q, k, v = _inputs(c, cuda_gen)
+    s = c["num_splits"]
+    ws = _nan_workspace(ops.workspace_size(q, k, s))
+    _call(ops, q, k, v, c, workspace=ws, return_lse=False)
+    torch.cuda.synchronize()
+    o_part, m, l = (t.double() for t in ops.workspace_views(ws, _shape(c), s))
+    o_ref, m_ref, l_ref = splitkv_partials_ref(
+        q.double(), k.double(), v.double(), causal=c["causal"], softmax_scale=None,
+        num_splits=s, block_kv=c["block_kv"], split_policy=c["policy"])
+    live = l_ref > 0
+    # Where the reference split is empty the combine relies on l == 0 (and O == 0).
+    assert torch.all(l[~live] == 0), "l != 0 for a split the reference finds empty"
+    assert torch.all(o_part[~live] == 0), "O != 0 for a split the reference finds empty"
+    dm = (m - m_ref)[live].abs()
+    assert torch.all(dm <= 1e-3 + 1e-5 * m_ref[live].abs()), f"m max error {dm.max():.3g}"
+    dl = (l - l_ref)[live].abs()
+    assert torch.all(dl <= 1e-3 * l_ref[live]), f"l max rel error {(dl / l_ref[live]).max():.3g}"
+    # P is rounded to the input dtype for the PV product: |dO| <= u * l * max|v| (+ slack).
+    u = UNIT_ROUNDOFF[q.dtype]
+    tol = (2 * u + 1e-3) * l_ref[..., None] * v.double().abs().max() + 1e-5
+    do = (o_part - o_ref).abs()
+    assert torch.all(do[live] <= tol[live]), f"O max error {do[live].max():.3g}"
+
+
+@pytest.mark.parametrize("policy", tunables.SPLIT_POLICIES)
+@pytest.mark.parametrize("causal,sq,sk", [(False, 1, 70), (True, 333, 17), (True, 64, 1000)])
+def test_empty_splits_write_contract_values(ops, cuda_gen, policy, causal, sq, sk):
+    """Empty splits (S > KV blocks, causal tiles) write m = -inf, l = 0, O = 0."""
+    c = _case("bf16", 64, causal, sq, sk, (16, 1), 128, 32, policy)
+    q, k, v = _inputs(c, cuda_gen)
+    ws = _nan_workspace(ops.workspace_size(q, k, 128))
+    _call(ops, q, k, v, c, workspace=ws, return_lse=False)
+    torch.cuda.synchronize()
+    o_part, m, l = ops.workspace_views(ws, _shape(c), 128)
+    _, _, l_ref = splitkv_partials_ref(q.double(), k.double(), v.double(), causal=causal,
+                                       softmax_scale=None, num_splits=128, block_kv=32,
+                                       split_policy=policy)
+    empty = l_ref == 0
+    assert empty.any()
+    assert torch.all(m[empty] == -math.inf), "m of an empty split is not -inf"
+    assert torch.all(l[empty] == 0) and torch.all(o_part[empty] == 0)
+
+
+# -------------------------------------------------------------- every S, one answer
+@pytest.mark.parametrize("dtype,d,causal,sq,sk,heads", [
+    ("bf16", 128, False, 1, 4096, (32, 8)), ("fp16", 64, True, 128, 1000, (16, 1))])
+def test_every_split_count_gives_the_same_answer(ops, cuda_gen, dtype, d, causal, sq, sk, heads):
+    c = _case(dtype, d, causal, sq, sk, heads, 1, 64, "blocks")
+    q, k, v = _inputs(c, cuda_gen)
+    ref_out, _, pt_out = _references(q, k, v, causal)
+    base = ops.splitkv_attention(q, k, v, causal=causal, num_splits=1, block_kv=64)
+    _assert_rule(base, ref_out, pt_out, "S=1")
+    pt_err = (pt_out.double() - ref_out).abs().max().item()
+    for s, policy in itertools.product(range(1, tunables.MAX_SPLITS + 1), tunables.SPLIT_POLICIES):
+        ws = _nan_workspace(ops.workspace_size(q, k, s)) if s > 1 else None
+        out = ops.splitkv_attention(q, k, v, causal=causal, num_splits=s, block_kv=64,
+                                    split_policy=policy, workspace=ws)
+        _assert_rule(out, ref_out, pt_out, f"S={s} {policy}")
+        diff = (out.double() - base.double()).abs().max().item()
+        assert diff <= 2 * pt_err + 1e-3, f"S={s} {policy} differs from S=1 by {diff:.3g}"
+
+
+# --------------------------------------------------------------------- combine kernel
+def _random_partials(gen, s, b, hkv, rows, d):
+    m = torch.randn(s, b, hkv, rows, generator=gen, device="cuda") * 20
+    l = torch.rand(s, b, hkv, rows, generator=gen, device="cuda") * 100 + 1e-3
+    o = torch.randn(s, b, hkv, rows, d, generator=gen, device="cuda") * l[..., None]
+    empty = torch.rand(s, b, hkv, rows, generator=gen, device="cuda") < 0.3
+    empty[:, :, :, [1, rows - 1]] = True  # rows whose splits are all empty
+    m[empty], l[empty], o[empty] = -math.inf, 0.0, 0.0
+    return o, m, l, empty
+
+
+def _check_combine(ops, o, m, l, q_len, group, reduce_threads, out_dtype):
+    ref_out, ref_lse = combine_partials_ref(o.double(), m.double(), l.double())
+    ref_out, ref_lse = unpack_rows(ref_out, q_len, group), unpack_rows(ref_lse, q_len, group)
+    b, hkv, d = o.shape[1], o.shape[2], o.shape[4]
+    _poison_allocator(b * q_len * hkv * group * d * torch.empty((), dtype=out_dtype).element_size(),
+                      b * hkv * group * q_len * 4)
+    out, lse = ops.combine_partials(o, m, l, q_len=q_len, group=group,
+                                    reduce_threads=reduce_threads, out_dtype=out_dtype)
+    torch.cuda.synchronize()
+    assert out.dtype == out_dtype and out.shape == ref_out.shape
+    assert torch.isfinite(out).all(), "combine output has NaN/inf"
+    u = UNIT_ROUNDOFF[out_dtype]
+    err = (out.double() - ref_out).abs()
+    assert torch.all(err <= 2 * u * ref_out.abs() + 1e-4), f"combine max error {err.max():.3g}"
+    _assert_lse(lse, ref_lse)
+    empty_rows = torch.isinf(ref_lse)
+    assert torch.all(out.transpose(1, 2)[empty_rows] == 0), "all-empty rows must be 0"
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("reduce_threads", tunables.REDUCE_THREADS)
+@pytest.mark.parametrize("num_splits", COMBINE_SPLITS)
+def test_combine_kernel_alone(ops, cuda_gen, num_splits, reduce_threads, d, out_dtype):
+    o, m, l, _ = _random_partials(cuda_gen, num_splits, 2, 2, 3 * 4, d)
+    _check_combine(ops, o, m, l, 3, 4, reduce_threads, out_dtype)
+
+
+@pytest.mark.parametrize("reduce_threads", tunables.REDUCE_THREADS)
+def test_combine_skips_empty_splits(ops, cuda_gen, reduce_threads):
+    """The contract says splits with l == 0 are skipped: NaN O / garbage m there are ignored."""
+    o, m, l, empty = _random_partials(cuda_gen, 17, 1, 2, 5, 128)
+    o[empty], m[empty] = math.nan, 1e4
+    _check_combine(ops, o, m, l, 5, 1, reduce_threads, torch.bfloat16)
+
+
+# ------------------------------------------------------------------- API behaviour
+def _small_case(**kw):
+    return _case(**{**dict(dtype="bf16", head_dim=128, causal=False, q_len=3, kv_len=1000,
+                           heads=(32, 8), num_splits=7, block_kv=64, policy="blocks"), **kw})
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_return_lse_and_determinism(ops, cuda_gen, causal):
+    c = _small_case(causal=causal)
+    q, k, v = _inputs(c, cuda_gen)
+    ref_out, ref_lse, pt_out = _references(q, k, v, causal)
+    out1 = _call(ops, q, k, v, c, return_lse=False)
+    out2, lse = _call(ops, q, k, v, c, return_lse=True)
+    out3, lse3 = _call(ops, q, k, v, c, return_lse=True)
+    _assert_rule(out2, ref_out, pt_out)
+    _assert_lse(lse, ref_lse)
+    assert torch.equal(out1, out2), "return_lse changed the output"
+    assert torch.equal(out2, out3) and torch.equal(lse, lse3), "two identical calls differ"
+
+
+@pytest.mark.parametrize("sq,sk,heads", [(1, 4096, (32, 8)), (1, 20000, (32, 32)),
+                                         (64, 1000, (16, 1)), (333, 333, (8, 8))])
+@pytest.mark.parametrize("causal", [False, True])
+def test_auto_config(ops, cuda_gen, sq, sk, heads, causal):
+    c = _small_case(q_len=sq, kv_len=sk, heads=heads, causal=causal)
+    q, k, v = _inputs(c, cuda_gen)
+    ref_out, ref_lse, pt_out = _references(q, k, v, causal)
+    _poison_for_output(q)
+    out, lse = ops.splitkv_attention(q, k, v, causal=causal, return_lse=True)
+    _assert_rule(out, ref_out, pt_out)
+    _assert_lse(lse, ref_lse)
+
+
+def test_softmax_scale(ops, cuda_gen):
+    c = _small_case(causal=True)
+    q, k, v = _inputs(c, cuda_gen)
+    ref_out, ref_lse, pt_out = _references(q, k, v, True, softmax_scale=0.3)
+    out, lse = ops.splitkv_attention(q, k, v, causal=True, softmax_scale=0.3, num_splits=5,
+                                     return_lse=True)
+    _assert_rule(out, ref_out, pt_out)
+    _assert_lse(lse, ref_lse)
+
+
+def test_workspace_size(ops):
+    for c in (_small_case(), _small_case(q_len=333, heads=(16, 1), head_dim=64)):
+        q = torch.empty(c["batch"], c["q_len"], c["q_heads"], c["head_dim"],
+                        dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(c["batch"], c["kv_len"], c["kv_heads"], c["head_dim"],
+                        dtype=torch.bfloat16, device="cuda")
+        for s in (1, 2, 7, 128):
+            assert ops.workspace_size(q, k, s) == tunables.workspace_bytes(_shape(c), s)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_strided_inputs(ops, cuda_gen, causal):
+    """Slices of bigger tensors (contiguous last dim only) give the contiguous answer."""
+    c = _small_case(causal=causal, q_len=5, kv_len=777)
+    b, sq, sk, hq, hkv, d = 2, 5, 777, 32, 8, 128
+    big_q = torch.randn(b, hq, sq + 2, d, generator=cuda_gen, device="cuda").bfloat16()
+    q = big_q[:, :, 1:1 + sq].transpose(1, 2)                  # (B, Sq, Hq, D), head-major
+    kv = torch.randn(b, sk + 3, 2, hkv + 1, d, generator=cuda_gen, device="cuda").bfloat16()
+    k, v = kv[:, 3:, 0, :hkv], kv[:, 3:, 1, 1:]                # interleaved K/V, padded heads
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    ref_out, ref_lse, pt_out = _references(q, k, v, causal)
+    out, lse = _call(ops, q, k, v, c, return_lse=True)
+    _assert_rule(out, ref_out, pt_out)
+    _assert_lse(lse, ref_lse)
+    out_c, lse_c = _call(ops, q.contiguous(), k.contiguous(), v.contiguous(), c, return_lse=True)
+    assert torch.equal(out, out_c) and torch.equal(lse, lse_c)
+
+
+def test_current_stream(ops, cuda_gen):
+    """The kernels run on torch's current stream, ordered after the work queued there."""
+    c = _small_case()
+    q, k, v = _inputs(c, cuda_gen)
+    q_new = torch.randn(q.shape, generator=cuda_gen, device="cuda").to(q.dtype)
+    want = _call(ops, q_new, k, v, c, return_lse=False)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(50_000_000)  # delay the copy: a launch on another stream reads old q
+        q.copy_(q_new)
+        got = _call(ops, q, k, v, c, return_lse=False)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+
+
+def test_cuda_graph_capture(ops, cuda_gen):
+    c = _small_case(num_splits=8)
+    q, k, v = _inputs(c, cuda_gen)
+    ws = torch.empty(ops.workspace_size(q, k, 8), dtype=torch.uint8, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _call(ops, q, k, v, c, workspace=ws, return_lse=False)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = _call(ops, q, k, v, c, workspace=ws, return_lse=False)
+    q2, k2, v2 = _inputs(c, cuda_gen)
+    q.copy_(q2), k.copy_(k2), v.copy_(v2)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_out, _, pt_out = _references(q, k, v, False)
+    _assert_rule(out, ref_out, pt_out, "graph replay")
+
+
+def test_torch_compile(ops, cuda_gen):
+    c = _small_case(num_splits=4)
+    q, k, v = _inputs(c, cuda_gen)
+    fn = torch.compile(lambda q, k, v: ops.splitkv_attention(q, k, v, num_splits=4,
+                                                             return_lse=True), fullgraph=True)
+    out, lse = fn(q, k, v)
+    ref_out, ref_lse, pt_out = _references(q, k, v, False)
+    _assert_rule(out, ref_out, pt_out, "torch.compile")
+    _assert_lse(lse, ref_lse)
+
+
+# ------------------------------------------------------------------------ validation
+def _bad_calls():
+    def base(dtype=torch.bfloat16, b=(1, 1), sq=1, sk=32, hq=8, hkv=8, d=64, kd=None, dev="cuda"):
+        q = torch.randn(b[0], sq, hq, d, device=dev).to(dtype)
+        k = torch.randn(b[1], sk, hkv, kd or d, device=dev).to(dtype)
+        return q, k, k.clone()
+
+    def call(**kw):
+        def run(ops, q, k, v):  # workspaces are built here, not at collection time
+            args = {key: val() if callable(val) else val for key, val in kw.items()}
+            return ops.splitkv_attention(q, k, v, **args)
+        return run
+
+    plain = call()
+    yield "q float32", lambda: base(torch.float32), plain, r"\bq\b|dtype"
+    yield "k dtype != q", lambda: (lambda q, k, v: (q, k.half(), v))(*base()), plain, r"\bk\b|dtype"
+    yield "head_dim 96", lambda: base(d=96), plain, r"head_dim|head dim|\b96\b"
+    yield "k/v shapes", lambda: (lambda q, k, v: (q, k, v[:, :16]))(*base()), plain, r"\bk\b|\bv\b|shape"
+    yield "batch", lambda: base(b=(2, 1)), plain, r"batch|\bq\b|\bk\b"
+    yield "q/k head_dim", lambda: base(kd=128), plain, r"head_dim|head dim|\bk\b"
+    yield "Hq % Hkv", lambda: base(hq=8, hkv=3), plain, r"head|Hq|Hkv"
+    yield "rank", lambda: (lambda q, k, v: (q[0], k, v))(*base()), plain, r"\bq\b|dim|rank"
+    yield "cpu", lambda: base(dev="cpu"), plain, r"\bq\b|device|cuda|CUDA"
+    yield "last dim stride", lambda: (lambda q, k, v: (
+        torch.randn(1, 1, 8, 128, device="cuda").bfloat16()[..., ::2], k, v))(*base()), plain, \
+        r"\bq\b|stride|contiguous"
+    for kw, name in ((dict(num_splits=0), "num_splits"), (dict(num_splits=129), "num_splits"),
+                     (dict(block_kv=48), "block_kv"), (dict(reduce_threads=100), "reduce_threads"),
+                     (dict(split_policy="foo"), "split_policy")):
+        yield f"{name}={list(kw.values())[0]}", base, call(**kw), name
+    yield "workspace too small", base, call(
+        num_splits=8, workspace=lambda: torch.empty(16, dtype=torch.uint8, device="cuda")), "workspace"
+    yield "workspace dtype", base, call(
+        num_splits=8, workspace=lambda: torch.empty(1 << 20, dtype=torch.float32, device="cuda")), "workspace"
+    yield "workspace device", base, call(
+        num_splits=8, workspace=lambda: torch.empty(1 << 22, dtype=torch.uint8)), "workspace"
+
+
+@pytest.mark.parametrize("make,run,pattern",
+                         [pytest.param(*rest, id=name) for name, *rest in _bad_calls()])
+def test_bad_arguments_raise(ops, make, run, pattern):
+    q, k, v = make()
+    with pytest.raises((ValueError, TypeError)) as info:
+        run(ops, q, k, v)
+    assert re.search(pattern, str(info.value)), f"message does not name the argument: {info.value}"

@@ -1,0 +1,229 @@
+"""The tuning CLI end to end on the reference backend (CPU): sweep, resume, failures, table."""
+import json
+
+import optuna
+import pandas as pd
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+
+from splitkv_tune import bench, space
+from splitkv_tune.cli_tune import bench as bench_cmd
+from splitkv_tune.cli_tune import env as env_cmd
+from splitkv_tune.cli_tune import sweep as sweep_cmd
+from splitkv_tune.cli_tune import table as table_cmd
+from splitkv_tune.table import TRIALS_COLUMNS
+from splitkv_tune.table_schema import CONFIG_COLUMNS, HEURISTICS_COLUMNS, SHAPE_COLUMNS
+
+TINY_GRID = {
+    "name": "tiny",
+    "shapes": [
+        {"dtype": "bf16", "head_dim": 64, "q_heads": 4, "kv_heads": 2, "batch": 1, "q_len": 1,
+         "kv_len": 256},
+        {"dtype": "fp16", "head_dim": 64, "q_heads": 4, "kv_heads": 4, "batch": 2, "q_len": 4,
+         "kv_len": 128, "causal": True},
+    ],
+    "space": {"num_splits": [1, 2, 4], "block_kv": [32, 64], "reduce_threads": [128],
+              "split_policy": ["blocks"]},
+    "timing": {"warmup_s": 0.0, "min_reps": 3, "max_time_s": 0.0},
+}
+
+
+@pytest.fixture
+def grid(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(TINY_GRID))
+    return path
+
+
+def n_candidates(num_sms=132):
+    total = 0
+    grid = space.parse_grid(TINY_GRID)
+    for shape in grid.shapes:
+        extra = [space.fa2_config(shape, num_sms).num_splits]
+        total += len(space.candidate_configs(shape, grid.space, extra_splits=extra))
+    return total
+
+
+def run_sweep(grid, out, *extra):
+    args = ["--backend", "reference", "--grid", str(grid), "--out", str(out), "--no-progress",
+            *extra]
+    return CliRunner().invoke(sweep_cmd, args, catch_exceptions=False)
+
+
+def read_trials(out):
+    return pd.read_csv(out / "trials.csv", dtype={"reason": str})
+
+
+def test_sweep_writes_trials_heuristics_and_run_meta(grid, tmp_path):
+    out = tmp_path / "out"
+    result = run_sweep(grid, out)
+    assert result.exit_code == 0, result.output
+    trials = read_trials(out)
+    assert list(trials.columns) == TRIALS_COLUMNS
+    assert len(trials) == n_candidates()
+    assert (trials.status == "ok").all()
+    assert (trials.median_us > 0).all() and (trials.p20_us <= trials.p80_us).all()
+    assert (trials.gbps > 0).all() and (trials.frac_copy_bw > 0).all()
+    assert trials.gpu.unique().tolist() == ["cpu_reference"]
+    assert not trials.duplicated(SHAPE_COLUMNS + CONFIG_COLUMNS).any()
+    assert set(trials.source) >= {"fa2", "grid"}
+    heur = pd.read_csv(out / "heuristics.csv")
+    assert list(heur.columns) == HEURISTICS_COLUMNS and len(heur) == 2
+    runs = list((out / "runs").glob("*.json"))
+    assert len(runs) == 1
+    meta = json.loads(runs[0].read_text())
+    assert meta["status"] == "completed" and meta["backend"] == "reference"
+    assert meta["run_id"] == trials.run_id.iloc[0] and meta["copy_bw_gbps"] > 0
+    assert {"torch", "cutlass", "git_sha", "device", "argv", "timestamp"} <= set(meta)
+
+
+def test_gpu_mismatch_exits_2_naming_both(grid, tmp_path):
+    result = run_sweep(grid, tmp_path / "out", "--gpu", "h200")
+    assert result.exit_code == 2
+    assert "nvidia_h200" in result.output and "cpu_reference" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_gpu_mismatch_with_force_writes_the_named_table(grid, tmp_path):
+    result = run_sweep(grid, tmp_path / "out", "--gpu", "h200", "--force",
+                       "--shapes", "bf16_*")
+    assert result.exit_code == 0, result.output
+    assert read_trials(tmp_path / "out").gpu.unique().tolist() == ["nvidia_h200"]
+
+
+def test_dry_run_prints_grid_trials_and_estimate_and_writes_nothing(grid, tmp_path):
+    result = run_sweep(grid, tmp_path / "out", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "bf16_d64_nc_b1_hq4_hkv2_sq1_sk256" in result.output
+    assert "fp16_d64_c_b2_hq4_hkv4_sq4_sk128" in result.output
+    assert f"{n_candidates()} trials" in result.output and "estimated" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_interrupted_sweep_resumes_without_losing_or_redoing_trials(grid, tmp_path,
+                                                                     monkeypatch):
+    out = tmp_path / "out"
+    calls = []
+    original = bench.ShapeBench.measure
+
+    def flaky_measure(self, config):
+        calls.append(config)
+        if len(calls) == 5:
+            raise KeyboardInterrupt  # a kill in the middle of the fifth trial
+        return original(self, config)
+
+    monkeypatch.setattr(bench.ShapeBench, "measure", flaky_measure)
+    result = run_sweep(grid, out)
+    assert result.exit_code == 130
+    assert "--resume" in result.output
+    assert len(read_trials(out)) == 4          # every finished trial is already on disk
+
+    refused = run_sweep(grid, out)              # a fresh sweep refuses to reuse the studies
+    assert refused.exit_code == 2 and "--resume" in refused.output
+
+    calls.clear()
+    monkeypatch.setattr(bench.ShapeBench, "measure", original)
+    counted = []
+    monkeypatch.setattr(bench.ShapeBench, "measure",
+                        lambda self, c: counted.append(c) or original(self, c))
+    result = run_sweep(grid, out, "--resume")
+    assert result.exit_code == 0, result.output
+    trials = read_trials(out)
+    total = n_candidates()
+    assert len(trials) == total
+    assert len(counted) == total - 4            # only the unfinished configs were timed
+    assert not trials.duplicated(SHAPE_COLUMNS + CONFIG_COLUMNS).any()
+    assert trials.run_id.nunique() == 2
+
+    again = run_sweep(grid, out, "--resume")    # nothing left: no trial is timed again
+    assert again.exit_code == 0 and len(counted) == total - 4
+    assert len(read_trials(out)) == total
+
+
+def test_failing_and_wrong_configs_are_recorded_with_reasons(grid, tmp_path, monkeypatch):
+    original = bench.ShapeBench.launcher
+
+    def launcher(self, config, q, k, v):
+        if config.num_splits == 4:
+            raise ValueError("num_splits=4 is not instantiated")
+        fn = original(self, config, q, k, v)
+        if config.num_splits == 2 and config.block_kv == 32:
+            return lambda: fn() + 1.0
+        return fn
+
+    monkeypatch.setattr(bench.ShapeBench, "launcher", launcher)
+    out = tmp_path / "out"
+    result = run_sweep(grid, out)
+    assert result.exit_code == 0, result.output
+    trials = read_trials(out)
+    failed = trials[trials.num_splits == 4]
+    assert len(failed) > 0 and (failed.status == "failed").all()
+    assert failed.reason.str.contains("ValueError: num_splits=4 is not instantiated").all()
+    assert failed.median_us.isna().all()       # never infinity
+    wrong = trials[(trials.num_splits == 2) & (trials.block_kv == 32)]
+    assert (wrong.status == "wrong").all() and wrong.reason.str.contains("max abs error").all()
+    heur = pd.read_csv(out / "heuristics.csv")
+    assert not heur.num_splits.isin([4]).any()
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(out / "optuna.journal")))
+    states = [t.state for s in optuna.get_all_study_summaries(storage)
+              for t in optuna.load_study(study_name=s.study_name, storage=storage).trials
+              if t.user_attrs.get("num_splits") == 4]
+    assert states and all(s == optuna.trial.TrialState.FAIL for s in states)
+
+
+def test_tpe_sampler_respects_trial_budget_and_enqueues_fa2_first(grid, tmp_path):
+    out = tmp_path / "out"
+    result = run_sweep(grid, out, "--sampler", "tpe", "--trials", "3")
+    assert result.exit_code == 0, result.output
+    trials = read_trials(out)
+    assert trials.groupby("study").size().tolist() == [3, 3]
+    first = trials.sort_values("trial").groupby("study").head(1)
+    assert (first.source == "fa2").all()
+
+
+def test_table_command_rebuilds_from_storage(grid, tmp_path):
+    out = tmp_path / "out"
+    assert run_sweep(grid, out).exit_code == 0
+    (out / "trials.csv").unlink()
+    result = CliRunner().invoke(table_cmd, [str(out), "--from-storage", "-o",
+                                            str(tmp_path / "h.csv")])
+    assert result.exit_code == 0, result.output
+    assert len(pd.read_csv(tmp_path / "h.csv")) == 2
+    assert len(read_trials(out)) == n_candidates()
+
+
+def test_bench_command_on_reference_backend(tmp_path):
+    csv = tmp_path / "bench.csv"
+    result = CliRunner().invoke(bench_cmd, [
+        "--backend", "reference", "--batch", "1", "--q-heads", "4", "--kv-heads", "2",
+        "--kv-len", "256", "--head-dim", "64", "--splits", "1,2", "--splits", "auto",
+        "--block-kv", "64", "--min-reps", "3", "--max-time-s", "0", "--warmup-s", "0",
+        "--csv", str(csv)])
+    assert result.exit_code == 0, result.output
+    frame = pd.read_csv(csv)
+    assert len(frame) == 3 and (frame.status == "ok").all()
+    assert "pct_copy_bw" in frame.columns and "GB/s" in result.output
+
+
+def test_bench_command_rejects_bad_values():
+    result = CliRunner().invoke(bench_cmd, ["--backend", "reference", "--splits", "x"])
+    assert result.exit_code == 2 and "--splits" in result.output
+    result = CliRunner().invoke(bench_cmd, ["--backend", "reference", "--head-dim", "96"])
+    assert result.exit_code == 2 and "head_dim" in result.output
+
+
+def test_env_command_prints_metadata():
+    result = CliRunner().invoke(env_cmd, ["--json"])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    assert info["torch"] == torch.__version__ and "device" in info
+
+
+def test_time_callable_and_copy_bandwidth_on_cpu():
+    timing = bench.time_callable([lambda: None, lambda: None], min_reps=5, max_time_s=0,
+                                 warmup_s=0)
+    assert timing.n == 5 and timing.input_sets == 2 and timing.method == "wallclock"
+    assert bench.copy_bandwidth_gbps("cpu", 1 << 20, warmup_s=0, min_reps=3, max_time_s=0) > 0

@@ -1,0 +1,105 @@
+"""Heuristics-table building on synthetic trials: ties, failures, NaN; atomic writes."""
+import math
+
+import pandas as pd
+import pytest
+
+from splitkv_tune import table
+from splitkv_tune.table_schema import HEURISTICS_COLUMNS, SCHEMA_VERSION
+from splitkv_tune.tunables import Shape
+
+SHAPE = dict(dtype="bf16", head_dim=128, causal=0, batch=1, q_heads=32, kv_heads=8, q_len=1,
+             kv_len=4096)
+
+
+def trial(num_splits, median, status="ok", spread=0.01, block_kv=64, run_id="r1", **shape):
+    return {**SHAPE, **shape, "num_splits": num_splits, "block_kv": block_kv,
+            "reduce_threads": 128, "split_policy": "blocks", "median_us": median,
+            "p20_us": median * (1 - spread / 2), "p80_us": median * (1 + spread / 2), "n": 20,
+            "status": status, "reason": "" if status == "ok" else "boom", "gbps": 1.0,
+            "frac_copy_bw": 0.5, "run_id": run_id}
+
+
+def test_ties_go_to_smaller_splits_and_runner_up_is_next_fastest():
+    trials = pd.DataFrame([trial(16, 10.0, spread=0.05), trial(8, 10.3), trial(4, 13.0),
+                           trial(32, 9.9, spread=0.05)])
+    out = table.build_heuristics(trials, gpu="nvidia_h200")
+    assert list(out.columns) == HEURISTICS_COLUMNS
+    row = out.iloc[0]
+    # fastest is S=32 (9.9 us, margin 5%): 16 and 8 are within 5% -> smallest S (8) wins
+    assert row.num_splits == 8
+    assert row.runner_up_num_splits == 32 and row.runner_up_us == pytest.approx(9.9)
+    assert row.noise_margin == pytest.approx(0.05)
+    assert row.schema_version == SCHEMA_VERSION and row.gpu == "nvidia_h200"
+    assert row.n_trials == 4
+
+
+def test_failures_and_nan_are_ignored_even_when_faster():
+    trials = pd.DataFrame([trial(1, 20.0), trial(2, 1.0, status="failed"),
+                           trial(4, 0.5, status="wrong"), trial(8, float("nan")),
+                           trial(16, float("inf")), trial(32, 15.0)])
+    row = table.build_heuristics(trials, gpu="g").iloc[0]
+    assert row.num_splits == 32 and row.median_us == 15.0
+    assert row.runner_up_num_splits == 1 and row.n_trials == 2
+
+
+def test_shape_with_only_failures_has_no_row_and_single_trial_has_no_runner_up():
+    trials = pd.DataFrame([trial(1, 5.0, status="failed", kv_len=512), trial(1, 7.0)])
+    out = table.build_heuristics(trials, gpu="g")
+    assert len(out) == 1 and out.iloc[0].kv_len == 4096
+    assert pd.isna(out.iloc[0].runner_up_num_splits) and pd.isna(out.iloc[0].runner_up_us)
+
+
+def test_equal_splits_tie_goes_to_lower_median_and_latest_run_wins_repeats():
+    trials = pd.DataFrame([trial(8, 10.0, block_kv=64), trial(8, 10.05, block_kv=128),
+                           trial(4, 30.0, run_id="r1"), trial(4, 9.0, run_id="r2")])
+    row = table.build_heuristics(trials, gpu="g").iloc[0]
+    assert row.num_splits == 4 and row.median_us == 9.0   # r2 replaced r1's measurement
+
+
+def test_shapes_are_separate_rows():
+    trials = pd.DataFrame([trial(1, 5.0), trial(2, 4.0, kv_len=16384), trial(8, 2.0, kv_len=16384)])
+    out = table.build_heuristics(trials, gpu="g")
+    assert sorted(out.kv_len) == [4096, 16384]
+    assert out.set_index("kv_len").loc[16384, "num_splits"] == 8
+
+
+def test_empty_trials_give_empty_table_with_schema():
+    out = table.build_heuristics(pd.DataFrame([trial(1, float("nan"))]), gpu="g")
+    assert list(out.columns) == HEURISTICS_COLUMNS and len(out) == 0
+
+
+def test_lookup_config_and_round_trip(tmp_path):
+    trials = pd.DataFrame([trial(1, 5.0), trial(2, 3.0)])
+    path = tmp_path / "trials.csv"
+    table.atomic_write_csv(path, trials)
+    out = table.write_heuristics(path, tmp_path / "h.csv", gpu="g")
+    again = pd.read_csv(tmp_path / "h.csv")
+    assert len(again) == len(out) == 1
+    config = table.lookup_config(again, Shape("bf16", 128, 1, 32, 8, 1, 4096))
+    assert config.num_splits == 2
+    assert table.lookup_config(again, Shape("bf16", 128, 2, 32, 8, 1, 4096)) is None
+
+
+def test_atomic_write_leaves_no_temp_files_and_keeps_old_file_on_error(tmp_path):
+    path = tmp_path / "sub" / "x.txt"
+    table.atomic_write_text(path, "one")
+    table.atomic_write_text(path, "two")
+    assert path.read_text() == "two"
+    assert [p.name for p in path.parent.iterdir()] == ["x.txt"]
+
+    class Boom:
+        def __str__(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(TypeError):
+        table.atomic_write_text(path, Boom())
+    assert path.read_text() == "two"
+    assert [p.name for p in path.parent.iterdir()] == ["x.txt"]
+
+
+def test_fixture_trials_build():
+    from pathlib import Path
+    fixture = Path(__file__).parent / "fixtures" / "trials.csv"
+    out = table.build_heuristics(table.read_trials(fixture), gpu="nvidia_h200")
+    assert len(out) > 0 and not out["median_us"].map(math.isnan).any()
