@@ -42,7 +42,8 @@ def _git(*args: str) -> str | None:
 
 
 def git_info() -> dict:
-    sha = _git("rev-parse", "HEAD")
+    """Commit of the working tree; ``SPLITKV_GIT_SHA`` names it where the tree has no .git."""
+    sha = _git("rev-parse", "HEAD") or os.environ.get("SPLITKV_GIT_SHA")
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {"git_sha": sha, "git_dirty": bool(status) if status is not None else None}
 

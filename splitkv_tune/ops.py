@@ -76,16 +76,31 @@ def problem_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     return Shape(dtype, head_dim, batch, q_heads, k.shape[2], q_len, k.shape[1], bool(causal)).validate()
 
 
+@torch.compiler.assume_constant_result
+def _auto_fields(shape_fields: tuple, device_index: int) -> tuple:
+    # Reads tables from disk: evaluated once at trace time under torch.compile.
+    from splitkv_tune import selector
+    name, sms = _device_info(device_index)
+    c = selector.auto_config(Shape(*shape_fields), name, sms)
+    return c.num_splits, c.block_kv, c.reduce_threads, c.split_policy
+
+
 def resolve_config(shape: Shape, device_index: int, num_splits="auto", block_kv="auto",
                    reduce_threads="auto", split_policy="auto") -> Config:
-    """Fill every ``"auto"`` tunable from the selector and validate the result."""
+    """Fill every ``"auto"`` tunable from the selector and validate the result.
+
+    An automatic split count never exceeds the KV blocks of the block size in use.
+    """
     given = {"num_splits": num_splits, "block_kv": block_kv, "reduce_threads": reduce_threads,
              "split_policy": split_policy}
-    if any(v == "auto" for v in given.values()):
-        from splitkv_tune import selector
-        name, sms = _device_info(device_index)
-        auto = selector.auto_config(shape, name, sms)
-        given = {k: getattr(auto, k) if v == "auto" else v for k, v in given.items()}
+    if any(isinstance(v, str) and v == "auto" for v in given.values()):
+        fields = (shape.dtype, shape.head_dim, shape.batch, shape.q_heads, shape.kv_heads,
+                  shape.q_len, shape.kv_len, shape.causal)
+        auto = dict(zip(given, _auto_fields(fields, device_index)))
+        given = {k: auto[k] if isinstance(v, str) and v == "auto" else v for k, v in given.items()}
+        if num_splits == "auto" and isinstance(given["block_kv"], int):
+            cap = tunables.ceil_div(shape.kv_len, given["block_kv"])
+            given["num_splits"] = max(1, min(given["num_splits"], cap))
     return Config(**given).validate()
 
 

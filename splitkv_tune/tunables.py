@@ -135,6 +135,10 @@ class Config:
         s = self.num_splits
         if not isinstance(s, int) or isinstance(s, bool) or not 1 <= s <= MAX_SPLITS:
             raise ValueError(f"num_splits must be an integer in [1, {MAX_SPLITS}], got {s!r}")
+        for name in ("block_kv", "reduce_threads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
         if self.block_kv not in BLOCK_KV:
             raise ValueError(f"block_kv must be one of {BLOCK_KV}, got {self.block_kv!r}")
         if self.reduce_threads not in REDUCE_THREADS:
@@ -227,7 +231,7 @@ def split_range(split: int, num_splits: int, kv_len: int, kv_end: int,
 
 
 def workspace_sections(shape: Shape, num_splits: int) -> tuple[int, int, int]:
-    """Byte offsets of the O, m and l sections, and the total (see the module contract)."""
+    """Byte offsets of the m and l sections and the total size; O starts at 0 (module contract)."""
     if num_splits == 1:
         return 0, 0, 0
     rows = num_splits * shape.batch * shape.q_heads * shape.q_len
@@ -254,14 +258,18 @@ def fa2_num_splits(shape: Shape, num_sms: int, block_kv: int = 128,
     """FlashAttention-2's split heuristic: the smallest S within 85% of the best wave efficiency.
 
     ``block_kv`` is the KV block FlashAttention-2 uses to count blocks (128 for head
-    dim 128, 256 for 64); the query tile is its 64 rows over the GQA-packed rows.
+    dim 128, 256 for 64). Its query tile is 64 rows; for decode (Sq = 1) it packs the
+    GQA heads into the query dimension, otherwise it counts query heads.
 
     >>> fa2_num_splits(Shape("bf16", 128, 1, 32, 8, 1, 16384), num_sms=132)
     15
     >>> fa2_num_splits(Shape("bf16", 128, 16, 32, 32, 1, 16384), num_sms=132)
     1
     """
-    work = shape.batch * shape.kv_heads * ceil_div(shape.packed_rows, 64)
+    if shape.q_len == 1:
+        work = shape.batch * shape.kv_heads * ceil_div(shape.group, 64)
+    else:
+        work = shape.batch * shape.q_heads * ceil_div(shape.q_len, 64)
     if work >= 0.8 * num_sms:
         return 1
     n_blocks = ceil_div(shape.kv_len, block_kv)
