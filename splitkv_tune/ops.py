@@ -49,8 +49,8 @@ def _check_tensor(name: str, t, rank: int) -> None:
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """The tensor itself when its rows are 16-byte aligned with a contiguous last dim, else a copy."""
-    ok = (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+    """The tensor itself when its rows are 16-byte aligned (the kernels' vector loads), else a copy."""
+    ok = (t.data_ptr() % 16 == 0
           and all(s % 8 == 0 for s in t.stride()[:-1]))
     return t if ok else t.contiguous()
 
@@ -65,7 +65,10 @@ def problem_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    batch, q_len, q_heads, head_dim = q.shape
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dim (stride 1), got stride {t.stride(-1)}")
+    batch, q_len, q_heads, head_dim = (int(x) for x in q.shape)
     if k.shape[0] != batch:
         raise ValueError(f"k batch ({k.shape[0]}) must equal q batch ({batch})")
     if k.shape[3] != head_dim:
@@ -73,7 +76,8 @@ def problem_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     if batch * k.shape[2] > _MAX_GRID_Y:
         raise ValueError(f"batch * kv_heads must be at most {_MAX_GRID_Y}, got {batch * k.shape[2]}")
     dtype = _DTYPES[q.dtype][0]
-    return Shape(dtype, head_dim, batch, q_heads, k.shape[2], q_len, k.shape[1], bool(causal)).validate()
+    return Shape(dtype, head_dim, batch, q_heads, int(k.shape[2]), q_len, int(k.shape[1]),
+                 bool(causal)).validate()
 
 
 @torch.compiler.assume_constant_result
@@ -121,12 +125,17 @@ def workspace_views(workspace: torch.Tensor, shape: Shape, num_splits: int):
     return o, m, l
 
 
+def _check_workspace(q: torch.Tensor, workspace) -> None:
+    if workspace is None:
+        return
+    if not isinstance(workspace, torch.Tensor) or workspace.dtype != torch.uint8:
+        raise TypeError("workspace must be a torch.uint8 tensor")
+    if workspace.device != q.device or not workspace.is_contiguous():
+        raise ValueError(f"workspace must be a contiguous tensor on {q.device}")
+
+
 def _workspace_for(q: torch.Tensor, nbytes: int, workspace) -> torch.Tensor:
     if workspace is not None:
-        if not isinstance(workspace, torch.Tensor) or workspace.dtype != torch.uint8:
-            raise TypeError("workspace must be a torch.uint8 tensor")
-        if workspace.device != q.device or not workspace.is_contiguous():
-            raise ValueError(f"workspace must be a contiguous tensor on {q.device}")
         if workspace.numel() < nbytes:
             raise ValueError(f"workspace must hold at least {nbytes} bytes, got {workspace.numel()}")
         if workspace.data_ptr() % tunables.WORKSPACE_ALIGN:
@@ -145,19 +154,20 @@ def _strides(prefix: str, t: torch.Tensor) -> dict:
             f"{prefix}_head_stride": t.stride(2)}
 
 
-def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, workspace: torch.Tensor,
-                  causal: bool, softmax_scale: float, num_splits: int, block_kv: int,
+def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  workspace: torch.Tensor | None, causal: bool, softmax_scale: float, num_splits: int, block_kv: int,
                   reduce_threads: int, split_policy: int, return_lse: bool
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     ext = _extension()
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
     batch, q_len, q_heads, head_dim = q.shape
     kv_heads = k.shape[2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, q_heads, q_len) if return_lse else (0,), dtype=torch.float32,
                       device=q.device)
     shape = Shape(_DTYPES[q.dtype][0], head_dim, batch, q_heads, kv_heads, q_len, k.shape[1], causal)
-    m_off, l_off, _ = tunables.workspace_sections(shape, num_splits)
-    base = workspace.data_ptr()
+    m_off, l_off, nbytes = tunables.workspace_sections(shape, num_splits)
+    base = _workspace_for(q, nbytes, workspace).data_ptr()
     stream = torch.cuda.current_stream(q.device).cuda_stream
     common = {"out": out.data_ptr(), "lse": lse.data_ptr() if return_lse else 0,
               "ws_o": base, "ws_m": base + m_off, "ws_l": base + l_off,
@@ -214,10 +224,9 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
     if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale):
         raise ValueError(f"softmax_scale must be a finite number, got {softmax_scale!r}")
     config = resolve_config(shape, q.device.index, num_splits, block_kv, reduce_threads, split_policy)
-    q, k, v = _aligned(q), _aligned(k), _aligned(v)
-    ws = _workspace_for(q, tunables.workspace_bytes(shape, config.num_splits), workspace)
+    _check_workspace(q, workspace)
     op = _attention_op if torch.compiler.is_compiling() else _attention_impl
-    out, lse = op(q, k, v, ws, bool(causal), float(softmax_scale), config.num_splits,
+    out, lse = op(q, k, v, workspace, bool(causal), float(softmax_scale), config.num_splits,
                              config.block_kv, config.reduce_threads,
                              _POLICY_CODES[config.split_policy], bool(return_lse))
     return (out, lse) if return_lse else out

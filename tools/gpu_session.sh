@@ -21,6 +21,8 @@ case "${1:-}" in
     tar czf "$out/results.tgz" results/$gpu
     ;;
   compare-evaluate)
+    SPLITKV_REQUIRE_GPU=1 timeout 120 python3 -m pytest -q -p no:cacheprovider --no-header -rf \
+      tests/test_kernel_gpu.py -k "compile or bad_arguments or graph" 2>&1 | tail -4 | tee "$out/gpu_tests2.log"
     timeout 240 splitkv-tune compare --grid quick --table results/$gpu/heuristics.csv --out results/$gpu/compare \
       --no-progress 2>&1 | tail -30 | tee "$out/compare.log"
     timeout 120 splitkv-tune compare --grid prefill --config 1,64,128,blocks --peers sdpa_flash,sdpa_cudnn \
