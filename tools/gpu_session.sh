@@ -24,10 +24,10 @@ case "${1:-}" in
     SPLITKV_REQUIRE_GPU=1 timeout 120 python3 -m pytest -q -p no:cacheprovider --no-header -rf \
       tests/test_kernel_gpu.py -k "compile or bad_arguments or graph" 2>&1 | tail -4 | tee "$out/gpu_tests2.log"
     timeout 240 splitkv-tune compare --grid quick --table results/$gpu/heuristics.csv --out results/$gpu/compare \
-      --no-progress 2>&1 | tail -30 | tee "$out/compare.log"
-    timeout 120 splitkv-tune compare --grid prefill --config 1,64,128,blocks --peers sdpa_flash,sdpa_cudnn \
+      --peers "${PEERS:-sdpa_flash,sdpa_cudnn,flex}" --no-progress 2>&1 | tail -30 | tee "$out/compare.log"
+    timeout 120 splitkv-tune compare --grid configs/prefill.yaml --config 1,64,128,blocks --peers sdpa_flash,sdpa_cudnn \
       --out results/$gpu/compare_prefill --no-progress 2>&1 | tail -8 | tee "$out/prefill.log"
-    timeout 200 splitkv-tune evaluate --gpu h200 --shapes configs/evaluate.yaml --out-csv results/$gpu/evaluate_gpu.csv \
+    [ -n "${SKIP_EVALUATE:-}" ] || timeout 200 splitkv-tune evaluate --gpu h200 --shapes configs/evaluate.yaml --out-csv results/$gpu/evaluate_gpu.csv \
       --out-md results/$gpu/evaluate_gpu.md 2>&1 | tail -20 | tee "$out/evaluate.log"
     splitkv-tune env > "$out/env.txt" 2>&1
     tar czf "$out/results.tgz" results/$gpu
