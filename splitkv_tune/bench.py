@@ -204,10 +204,12 @@ def copy_bandwidth_gbps(device=None, nbytes: int | None = None, **timing_kwargs)
             nbytes = max(512 << 20, 8 * l2)
         else:
             nbytes = 16 << 20
-    # float32 elements: PyTorch's uint8 copy kernel is not the fastest path (~2.8 vs ~4.3 TB/s on an H200).
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
     nbytes = src.numel() * 4
+    # Events, not graph replay: graph-captured copy_ read 2.76 TB/s on an H200 (2026-11-29)
+    # against 4.25-4.28 TB/s timed eagerly (DESIGN.md); capture likely makes it a memcpy node.
+    timing_kwargs.setdefault("method", "cuda_events")
     timing = time_callable([lambda: dst.copy_(src)], device=device, **timing_kwargs)
     return 2 * nbytes / timing.median_us / 1e3
 

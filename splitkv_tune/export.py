@@ -150,7 +150,6 @@ struct Row {
   int block_m;                        // derived: query-tile height of the shape
   std::int64_t x_bh, x_sk, x_rows;    // derived: log2_q16 of B*Hkv, Sk, Sq*G
   std::int64_t log_ctas;              // derived: log2_q16(S * B*Hkv * m_blocks)
-  std::int64_t keys_per_split;        // derived: max(1, Sk / S)
 };
 
 constexpr char kGpu[] = "@GPU@";
@@ -322,15 +321,14 @@ inline bool select_config(int dtype, int head_dim, std::int64_t batch, std::int6
   Config base = finalize(kRows[ni[0]].config, s, kProfileKnown, kSmemPerSm);
   if (kind) *kind = kInterpolated;
   if (nd[0] == 0) { *out = base; return true; }
-  std::int64_t num = 0, den = 0, kps = kRows[ni[0]].keys_per_split;
+  std::int64_t num = 0, den = 0;
   for (int j = 0; j < n; ++j) {
     std::int64_t wt = (std::int64_t{1} << 32) / nd[j];
     num += wt * kRows[ni[j]].log_ctas;
     den += wt;
-    kps = min64(kps, kRows[ni[j]].keys_per_split);
   }
   const std::int64_t target = num / den - log2_q16(static_cast<std::uint64_t>(w));
-  const std::int64_t cap = max64(1, min64(min64(kMaxSplits, ceil_div(kv_len, base.block_kv)), kv_len / kps));
+  const std::int64_t cap = max64(1, min64(kMaxSplits, ceil_div(kv_len, base.block_kv)));
   std::int64_t best = 1;
   for (std::int64_t sp = 2; sp <= cap; ++sp)
     if (abs64(log2_q16(static_cast<std::uint64_t>(sp)) - target) < abs64(log2_q16(static_cast<std::uint64_t>(best)) - target)) best = sp;
@@ -388,7 +386,7 @@ def render_cpp_header(table: HeuristicTable, model: CostModel = MODEL) -> str:
         assert vals[0] in codes.values() and _safe(cfg.split_policy)
         conf = f"{{{cfg.num_splits}, {cfg.block_kv}, {cfg.reduce_threads}, {pol[cfg.split_policy]}}}"
         derived = [bm, log2_q16(b * hkv), log2_q16(sk), log2_q16(rows_all),
-                   log2_q16(cfg.num_splits * w), max(1, sk // cfg.num_splits)]
+                   log2_q16(cfg.num_splits * w)]
         rows.append("  {" + ", ".join(str(int(v)) for v in vals) + f", {conf}, "
                     + ", ".join(str(int(v)) for v in derived) + f"}},  // #{idx + 1}")
     warps = " ".join(f"if (bm == {bm}) return {wn};" for bm, (_, wn) in tunables.BLOCK_M.items())

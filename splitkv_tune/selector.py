@@ -13,8 +13,7 @@ the same integer arithmetic, so both choose identically):
    split count is interpolated through the split kernel's CTA count ``C = S * B*Hkv*m_blocks``:
    ``log2 C`` is the inverse-distance weighted mean of the neighbours' ``log2 C``, and ``S`` is
    the integer in ``[1, cap]`` whose log2 is nearest to ``log2 C - log2(B*Hkv*m_blocks)``
-   (ties -> smaller S), where ``cap`` also keeps each split at least as long as the shortest
-   split any neighbour chose. ``block_kv``, ``reduce_threads`` and ``split_policy`` are the
+   (ties -> smaller S) and ``cap = min(128, ceil(Sk / block_kv))``. ``block_kv``, ``reduce_threads`` and ``split_policy`` are the
    nearest row's. Logs are fixed point (16 fractional bits) computed with integers only.
 3. **Analytic fallback** (no table rows for that dtype/head_dim/causal/tile height): the
    config of least modelled time (:func:`analytic_cost_ns`) over every ``block_kv`` that fits
@@ -151,7 +150,7 @@ class HeuristicTable:
         self.frame = pd.DataFrame.from_records(recs, columns=list(df.columns))
         self.rows = []      # (key, Config) in canonical order
         self.exact = {}     # key -> row index
-        self.buckets = {}   # (dtype code, head_dim, causal, block_m) -> [(index, coords, logC, kps)]
+        self.buckets = {}   # (dtype code, head_dim, causal, block_m) -> [(index, coords, logC)]
         for i, r in enumerate(recs):
             key = shape_key(*(r[c] for c in SHAPE_COLUMNS))
             cfg = Config(int(r["num_splits"]), int(r["block_kv"]), int(r["reduce_threads"]),
@@ -161,7 +160,7 @@ class HeuristicTable:
             shape = Shape(r["dtype"], *key[1:2], *key[3:], causal=bool(key[2]))
             bm, w, coords = _work(shape)
             self.buckets.setdefault((key[0], key[1], key[2], bm), []).append(
-                (i, coords, log2_q16(cfg.num_splits * w), max(1, key[7] // cfg.num_splits)))
+                (i, coords, log2_q16(cfg.num_splits * w)))
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -194,18 +193,16 @@ def _interpolate(table: HeuristicTable, shape: Shape, profile) -> Selection | No
     cands = table.buckets.get((DTYPE_CODES[shape.dtype], shape.head_dim, int(shape.causal), bm))
     if not cands:
         return None
-    dist = sorted((sum(abs(a - b) for a, b in zip(coords, c)), i, lc, kps)
-                  for i, c, lc, kps in cands)[:NEIGHBOURS]
+    dist = sorted((sum(abs(a - b) for a, b in zip(coords, c)), i, lc)
+                  for i, c, lc in cands)[:NEIGHBOURS]
     d0, i0 = dist[0][0], dist[0][1]
     base = _finalize(table.rows[i0][1], shape, profile)
     if d0 == 0:
         return Selection(base, f"interpolated from rows {_describe(table, i0)}: same work "
                                "dimensions (B*Hkv, Sk, Sq*G)", "interpolated", (i0,))
     weights = [(1 << 32) // d for d, *_ in dist]
-    target = sum(wt * lc for wt, (_, _, lc, _) in zip(weights, dist)) // sum(weights) - log2_q16(w)
-    kps = min(k for *_, k in dist)
-    cap = max(1, min(tunables.MAX_SPLITS, ceil_div(shape.kv_len, base.block_kv),
-                     shape.kv_len // kps))
+    target = sum(wt * lc for wt, (_, _, lc) in zip(weights, dist)) // sum(weights) - log2_q16(w)
+    cap = max(1, min(tunables.MAX_SPLITS, ceil_div(shape.kv_len, base.block_kv)))
     best = 1
     for s in range(2, cap + 1):
         if abs(log2_q16(s) - target) < abs(log2_q16(best) - target):
