@@ -1,0 +1,82 @@
+"""Build-side checks that need no GPU: generated files are current, and the kernels compile.
+
+The compile checks run nvcc for sm_90 on one instantiation of each kernel template (the
+decode and the prefill tile of the split kernel, the combine kernel), the dispatch table
+and the pybind11 binding, so a compile break fails CI without a GPU. They skip when nvcc
+or the CUTLASS headers are missing; ``SPLITKV_SKIP_NVCC=1`` skips them on purpose.
+"""
+import concurrent.futures
+import os
+import re
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from splitkv_tune import codegen, tunables
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_generated_files_match_tunables():
+    stale = codegen.stale_files()
+    assert not stale, f"run `python -m splitkv_tune.codegen`; stale: {[str(p) for p in stale]}"
+
+
+def test_every_instantiation_is_generated():
+    names = {p.name for p in (ROOT / "kernels" / "instantiations").glob("*.cu")}
+    for dt, hd, bm, bkv in codegen.split_instances():
+        assert f"split_{dt}_hd{hd}_bm{bm}_bkv{bkv}.cu" in names
+    assert len(names) == len(codegen.split_instances()) + len(tunables.DTYPES) * len(tunables.HEAD_DIMS)
+
+
+def _cutlass_include():
+    try:
+        import cutlass_library
+    except ImportError:
+        return None
+    path = Path(cutlass_library.__file__).parent / "source" / "include"
+    return path if (path / "cute" / "tensor.hpp").exists() else None
+
+
+def _compile_inputs():
+    inst = ROOT / "kernels" / "instantiations"
+    return [inst / "split_bf16_hd128_bm16_bkv64.cu", inst / "split_fp16_hd64_bm64_bkv32.cu",
+            inst / "combine_bf16_hd128.cu", ROOT / "kernels" / "dispatch.cu"]
+
+
+@pytest.fixture(scope="module")
+def nvcc_flags():
+    if os.environ.get("SPLITKV_SKIP_NVCC") == "1":
+        pytest.skip("SPLITKV_SKIP_NVCC=1")
+    nvcc = shutil.which("nvcc")
+    include = _cutlass_include()
+    if nvcc is None or include is None:
+        pytest.skip("needs nvcc and the nvidia-cutlass headers")
+    return [nvcc, "-std=c++17", "-arch=sm_90", "--use_fast_math", "--expt-relaxed-constexpr",
+            f"-I{include}", f"-I{ROOT / 'kernels' / 'include'}"]
+
+
+def test_kernel_templates_compile_for_sm90(nvcc_flags, tmp_path):
+    def build(src: Path):
+        cmd = nvcc_flags + ["-Xptxas", "-v", "-c", str(src), "-o", str(tmp_path / (src.stem + ".o"))]
+        return src, subprocess.run(cmd, capture_output=True, text=True)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        results = list(pool.map(build, _compile_inputs()))
+    for src, proc in results:
+        assert proc.returncode == 0, f"{src.name} failed to compile:\n{proc.stderr[-4000:]}"
+        # Register spills would put the accumulators in local memory: a silent slowdown.
+        spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
+        assert spills and not any(spills), f"{src.name} spills registers:\n{proc.stderr[-2000:]}"
+
+
+def test_binding_compiles(nvcc_flags, tmp_path):
+    pybind11 = pytest.importorskip("pybind11")
+    cmd = nvcc_flags + [f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}",
+                        "-Xcompiler", "-fPIC", "-c", str(ROOT / "kernels" / "bindings.cpp"),
+                        "-o", str(tmp_path / "bindings.o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
