@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 
 #include "splitkv/dispatch.h"
 #include "splitkv/launch_utils.h"
@@ -23,6 +24,13 @@ T get(const py::dict& d, const char* key) {
 template <typename T>
 T* ptr(const py::dict& d, const char* key) {
   return reinterpret_cast<T*>(get<std::uintptr_t>(d, key));
+}
+
+// Reads "<prefix>_batch_stride", "<prefix>_row_stride" and "<prefix>_head_stride" (elements).
+void read_strides(const py::dict& d, const std::string& prefix, int64_t& batch, int64_t& row, int64_t& head) {
+  batch = get<int64_t>(d, (prefix + "_batch_stride").c_str());
+  row = get<int64_t>(d, (prefix + "_row_stride").c_str());
+  head = get<int64_t>(d, (prefix + "_head_stride").c_str());
 }
 
 cudaStream_t stream_of(const py::dict& d) { return reinterpret_cast<cudaStream_t>(get<std::uintptr_t>(d, "stream")); }
@@ -54,18 +62,10 @@ void split_forward(const py::dict& d) {
   p.ws_o = ptr<float>(d, "ws_o");
   p.ws_m = ptr<float>(d, "ws_m");
   p.ws_l = ptr<float>(d, "ws_l");
-  p.q_batch_stride = get<int64_t>(d, "q_batch_stride");
-  p.q_row_stride = get<int64_t>(d, "q_row_stride");
-  p.q_head_stride = get<int64_t>(d, "q_head_stride");
-  p.k_batch_stride = get<int64_t>(d, "k_batch_stride");
-  p.k_row_stride = get<int64_t>(d, "k_row_stride");
-  p.k_head_stride = get<int64_t>(d, "k_head_stride");
-  p.v_batch_stride = get<int64_t>(d, "v_batch_stride");
-  p.v_row_stride = get<int64_t>(d, "v_row_stride");
-  p.v_head_stride = get<int64_t>(d, "v_head_stride");
-  p.o_batch_stride = get<int64_t>(d, "o_batch_stride");
-  p.o_row_stride = get<int64_t>(d, "o_row_stride");
-  p.o_head_stride = get<int64_t>(d, "o_head_stride");
+  read_strides(d, "q", p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  read_strides(d, "k", p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  read_strides(d, "v", p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  read_strides(d, "o", p.o_batch_stride, p.o_row_stride, p.o_head_stride);
   p.batch = get<int>(d, "batch");
   p.q_heads = get<int>(d, "q_heads");
   p.kv_heads = get<int>(d, "kv_heads");
@@ -94,9 +94,7 @@ void combine_forward(const py::dict& d) {
   p.ws_l = ptr<const float>(d, "ws_l");
   p.out = ptr<void>(d, "out");
   p.lse = ptr<float>(d, "lse");
-  p.o_batch_stride = get<int64_t>(d, "o_batch_stride");
-  p.o_row_stride = get<int64_t>(d, "o_row_stride");
-  p.o_head_stride = get<int64_t>(d, "o_head_stride");
+  read_strides(d, "o", p.o_batch_stride, p.o_row_stride, p.o_head_stride);
   p.batch = get<int>(d, "batch");
   p.kv_heads = get<int>(d, "kv_heads");
   p.group = get<int>(d, "group");

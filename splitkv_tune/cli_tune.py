@@ -102,6 +102,19 @@ def _smem_limit(backend: str, profile) -> int | None:
     return profile.smem_per_sm - 1024 if profile else None
 
 
+def _grid_shapes(grid, dtypes, head_dims, patterns):
+    """Load ``--grid`` and apply the shape filters; usage errors name the option."""
+    try:
+        grid_obj = space.load_grid(grid)
+    except space.GridError as err:
+        raise click.BadParameter(str(err), param_hint="--grid")
+    shapes = space.filter_shapes(grid_obj.shapes, dtypes=dtypes, head_dims=head_dims,
+                                 patterns=patterns)
+    if not shapes:
+        raise click.UsageError(f"no shape of grid {grid!r} matches --dtype/--head-dim/--shapes")
+    return grid_obj, shapes
+
+
 @click.command()
 @click.option("--batch", type=int, default=1, show_default=True)
 @click.option("--q-heads", type=int, default=32, show_default=True)
@@ -199,14 +212,7 @@ def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, 
     from splitkv_tune import gpus
     from splitkv_tune import sweep as sweep_mod
 
-    try:
-        grid_obj = space.load_grid(grid)
-    except space.GridError as err:
-        raise click.BadParameter(str(err), param_hint="--grid")
-    shapes = space.filter_shapes(grid_obj.shapes, dtypes=dtypes, head_dims=head_dims,
-                                 patterns=patterns)
-    if not shapes:
-        raise click.UsageError(f"no shape of grid {grid!r} matches --dtype/--head-dim/--shapes")
+    grid_obj, shapes = _grid_shapes(grid, dtypes, head_dims, patterns)
     budget = parse_duration(time_budget)
     if dry_run:
         table_gpu = gpus.resolve_gpu(gpu) if gpu != "auto" else \
@@ -309,14 +315,7 @@ def compare(grid, dtypes, head_dims, patterns, table_path, config_text, peers, b
     from splitkv_tune import meta
     from splitkv_tune import table as table_mod
 
-    try:
-        grid_obj = space.load_grid(grid)
-    except space.GridError as err:
-        raise click.BadParameter(str(err), param_hint="--grid")
-    shapes = space.filter_shapes(grid_obj.shapes, dtypes=dtypes, head_dims=head_dims,
-                                 patterns=patterns)
-    if not shapes:
-        raise click.UsageError("no shape matches the filters")
+    grid_obj, shapes = _grid_shapes(grid, dtypes, head_dims, patterns)
     peer_list = [p.strip() for p in peers.split(",") if p.strip()]
     unknown = sorted(set(peer_list) - set(compare_mod.PEERS))
     if unknown:

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import secrets
 
 import pytest
 import torch  # before the extension: it links against libtorch's libraries
+
+from splitkv_tune.tunables import Shape
 
 REQUIRE_GPU = os.environ.get("SPLITKV_REQUIRE_GPU", "") not in ("", "0")
 
@@ -83,3 +86,24 @@ def pytest_runtest_makereport(item, call):
     if seed is not None and report.failed:
         report.sections.append(
             ("random seed", f"rerun with SPLITKV_TEST_SEED={seed} pytest '{item.nodeid}'"))
+
+
+def _random_shapes(n: int, seed: int = 0):
+    """Seeded random shapes: near the fixture grid, far from it, decode and prefill."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        hkv = rng.choice([1, 2, 4, 8, 16, 32])
+        group = rng.choice([1, 2, 4, 8])
+        q_len = rng.choice([1, 1, 1, rng.randint(2, 16), rng.randint(17, 4096)])
+        kv_len = max(1, int(2 ** rng.uniform(0, 17)))
+        if rng.random() < 0.3:
+            kv_len = rng.choice([512, 2048, 8192, 32768, 1024]) + rng.choice([0, 0, 1, -1, 64])
+        batch = max(1, int(2 ** rng.uniform(0, 6)))
+        yield Shape(rng.choice(["bf16", "fp16"]), rng.choice([64, 128]), batch, hkv * group, hkv,
+                    q_len, kv_len, causal=rng.random() < 0.3)
+
+
+@pytest.fixture
+def random_shapes():
+    """Seeded random shape generator shared by the selector and export tests."""
+    return _random_shapes

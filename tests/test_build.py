@@ -70,7 +70,9 @@ def test_kernel_templates_compile_for_sm90(nvcc_flags, tmp_path):
         assert proc.returncode == 0, f"{src.name} failed to compile:\n{proc.stderr[-4000:]}"
         # Register spills would put the accumulators in local memory: a silent slowdown.
         spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
-        assert spills and not any(spills), f"{src.name} spills registers:\n{proc.stderr[-2000:]}"
+        assert not any(spills), f"{src.name} spills registers:\n{proc.stderr[-2000:]}"
+        if src.parent.name == "instantiations":
+            assert spills, f"no ptxas report for the kernels of {src.name}"
 
 
 def test_binding_compiles(nvcc_flags, tmp_path):

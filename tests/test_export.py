@@ -1,7 +1,6 @@
 """Exports (CSV, JSON round trip, C++ header compiled and checked against the Python
 selector), hostile tables, and the CLI's exit code 2 on bad tables."""
 import json
-import random
 import shutil
 import subprocess
 from pathlib import Path
@@ -41,21 +40,6 @@ int main() {
 KINDS = {"hit": 0, "interpolated": 1, "fallback": 2}
 
 
-def random_shapes(n: int, seed: int = 0):
-    """Seeded random shapes: near the fixture grid, far from it, decode and prefill."""
-    rng = random.Random(seed)
-    for _ in range(n):
-        hkv = rng.choice([1, 2, 4, 8, 16, 32])
-        group = rng.choice([1, 2, 4, 8])
-        q_len = rng.choice([1, 1, 1, rng.randint(2, 16), rng.randint(17, 4096)])
-        kv_len = max(1, int(2 ** rng.uniform(0, 17)))
-        if rng.random() < 0.3:
-            kv_len = rng.choice([512, 2048, 8192, 32768, 1024]) + rng.choice([0, 0, 1, -1, 64])
-        batch = max(1, int(2 ** rng.uniform(0, 6)))
-        yield Shape(rng.choice(["bf16", "fp16"]), rng.choice([64, 128]), batch, hkv * group, hkv,
-                    q_len, kv_len, causal=rng.random() < 0.3)
-
-
 def _edge_shapes():
     big = 2**31 - 1
     yield from (Shape("bf16", 128, 1, 1, 1, 1, big), Shape("fp16", 64, 1, 1, 1, 2**32 // 2**31, 1),
@@ -91,7 +75,7 @@ def _compile(tmp_path, header: Path, ns: str) -> Path:
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 @pytest.mark.parametrize("gpu", ["nvidia_h200", "nvidia_l40s", "my_gpu_9000"])
-def test_cpp_header_agrees_with_python(tmp_path, gpu):
+def test_cpp_header_agrees_with_python(tmp_path, gpu, random_shapes):
     df = read_heuristics(HEURISTICS).assign(gpu=gpu)
     header = export_cpp_header(df, tmp_path / "out.h")
     text = header.read_text()

@@ -1,5 +1,4 @@
 """Selector on fixture tables: hits, interpolation, fallback, never an invalid config."""
-import random
 from pathlib import Path
 
 import pandas as pd
@@ -16,21 +15,6 @@ from splitkv_tune.tunables import Shape, block_m_for, ceil_div, smem_bytes
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HEURISTICS = FIXTURES / "heuristics.csv"
 TRIALS = FIXTURES / "trials.csv"
-
-
-def random_shapes(n: int, seed: int = 0):
-    """Seeded random shapes: near the fixture grid, far from it, decode and prefill."""
-    rng = random.Random(seed)
-    for _ in range(n):
-        hkv = rng.choice([1, 2, 4, 8, 16, 32])
-        group = rng.choice([1, 2, 4, 8])
-        q_len = rng.choice([1, 1, 1, rng.randint(2, 16), rng.randint(17, 4096)])
-        kv_len = max(1, int(2 ** rng.uniform(0, 17)))
-        if rng.random() < 0.3:
-            kv_len = rng.choice([512, 2048, 8192, 32768, 1024]) + rng.choice([0, 0, 1, -1, 64])
-        batch = max(1, int(2 ** rng.uniform(0, 6)))
-        yield Shape(rng.choice(["bf16", "fp16"]), rng.choice([64, 128]), batch, hkv * group, hkv,
-                    q_len, kv_len, causal=rng.random() < 0.3)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +37,7 @@ def test_every_row_is_a_hit(table):
             row["num_splits"], row["block_kv"], row["split_policy"])
 
 
-def test_dataframe_and_table_agree(table):
+def test_dataframe_and_table_agree(table, random_shapes):
     df = read_heuristics(HEURISTICS)
     for shape in list(random_shapes(100, seed=3)):
         assert select_shape(df, shape) == select_shape(table, shape)
@@ -94,7 +78,7 @@ def test_fallback_without_table_or_rows(table):
 
 
 @pytest.mark.parametrize("gpu", ["nvidia_h200", "nvidia_a100", "nvidia_l40s", "nvidia_b200", None])
-def test_never_an_invalid_config(table, gpu):
+def test_never_an_invalid_config(table, gpu, random_shapes):
     prof = profile_for(gpu) if gpu else None
     for i, shape in enumerate(random_shapes(600, seed=11)):
         for tab in (table, None) if i % 3 == 0 else (table,):

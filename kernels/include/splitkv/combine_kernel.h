@@ -6,18 +6,9 @@
 
 #include "splitkv/kernel_traits.h"
 #include "splitkv/params.h"
+#include "splitkv/utils.h"
 
 namespace splitkv {
-
-template <int kLanes, bool kMax>
-CUTE_DEVICE float row_group_reduce(float x) {
-  CUTE_UNROLL
-  for (int offset = 1; offset < kLanes; offset <<= 1) {
-    const float other = __shfl_xor_sync(0xffffffff, x, offset);
-    x = kMax ? fmaxf(x, other) : x + other;
-  }
-  return x;
-}
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads) combine_kernel(const __grid_constant__ CombineParams p) {
@@ -44,7 +35,7 @@ __global__ void __launch_bounds__(Traits::kThreads) combine_kernel(const __grid_
       if (p.ws_l[s * split_stride + row] > 0.f) m_max = fmaxf(m_max, p.ws_m[s * split_stride + row]);
     }
   }
-  m_max = row_group_reduce<kLanes, true>(m_max);
+  m_max = lane_group_reduce<kLanes, true>(m_max);
   float l_total = 0.f;
   if (valid) {
     for (int s = lane; s < p.num_splits; s += kLanes) {
@@ -54,7 +45,7 @@ __global__ void __launch_bounds__(Traits::kThreads) combine_kernel(const __grid_
       l_total += w * l;
     }
   }
-  l_total = row_group_reduce<kLanes, false>(l_total);
+  l_total = lane_group_reduce<kLanes, false>(l_total);
   const float inv = l_total > 0.f ? 1.f / l_total : 0.f;
   __syncwarp();
   if (!valid) return;

@@ -38,7 +38,7 @@ CUTE_DEVICE int2 split_range(const SplitParams& p, int split, int kv_end, int bl
 template <bool kMax, int kWarpsN, int kBlockM, int kRows, class RowCoords>
 CUTE_DEVICE void exchange_rows(float (&vals)[kRows], float* slots, RowCoords const& rc, int warp_n) {
   CUTE_UNROLL
-  for (int i = 0; i < kRows; ++i) vals[i] = quad_reduce<kMax>(vals[i]);
+  for (int i = 0; i < kRows; ++i) vals[i] = lane_group_reduce<4, kMax>(vals[i]);  // the quad sharing a row
   if constexpr (kWarpsN > 1) {
     if (threadIdx.x % 4 == 0) {
       CUTE_UNROLL

@@ -69,12 +69,12 @@ CUTE_DEVICE auto convert_fragment(Tensor_ const& src) {
   return dst;
 }
 
-template <bool kMax>
-CUTE_DEVICE float quad_reduce(float x) {
-  // The four lanes of a quad hold the same accumulator rows.
+// Max or sum over groups of kLanes neighbouring lanes (kLanes a power of two, at most 32).
+template <int kLanes, bool kMax>
+CUTE_DEVICE float lane_group_reduce(float x) {
   CUTE_UNROLL
-  for (int offset = 1; offset < 4; offset <<= 1) {
-    float other = __shfl_xor_sync(0xffffffff, x, offset);
+  for (int offset = 1; offset < kLanes; offset <<= 1) {
+    const float other = __shfl_xor_sync(0xffffffff, x, offset);
     x = kMax ? fmaxf(x, other) : x + other;
   }
   return x;
