@@ -55,8 +55,13 @@ FATAL_CUDA_MARKERS = ("illegal memory access", "unspecified launch failure",
 class GpuMismatch(Exception):
     def __init__(self, requested: str, present: str):
         self.requested, self.present = requested, present
-        super().__init__(f"--gpu names {requested!r} but the device present is {present!r}; "
-                         f"pass --force to write a {requested!r} table anyway")
+        if requested == "auto":
+            message = ("--gpu auto found no CUDA device; run on a GPU, or use --backend reference "
+                       "to run the pipeline on the CPU")
+        else:
+            message = (f"--gpu names {requested!r} but the device present is {present!r}; "
+                       f"pass --force to write a {requested!r} table anyway")
+        super().__init__(message)
 
 
 class SweepAborted(RuntimeError):
