@@ -97,10 +97,19 @@ def select(gpu, table, **shape_kw):
     click.echo(f"workspace: {tunables.workspace_bytes(shape, c.num_splits)} bytes")
 
 
-def _shapes_file(path: str) -> list[Shape]:
-    if path.endswith((".yaml", ".yml")):
-        from splitkv_tune.space import load_grid
-        return list(load_grid(path).shapes)
+def _measurement_plan(shapes_file, shape_kw, max_time_s):
+    """Shapes, search space and timing for a measured evaluate; a grid YAML brings its own."""
+    from splitkv_tune import space
+    timing = {"max_time_s": max_time_s}
+    if shapes_file and shapes_file.endswith((".yaml", ".yml")):
+        grid = space.load_grid(shapes_file)
+        timing.update({k: v for k, v in grid.timing.items() if k != "max_time_s"})
+        return list(grid.shapes), grid.space, timing
+    shapes = _shapes_csv(shapes_file) if shapes_file else [_shape_from(**shape_kw)]
+    return shapes, space.SearchSpace(), timing
+
+
+def _shapes_csv(path: str) -> list[Shape]:
     from splitkv_tune.table_schema import _read_csv
     raw = _read_csv(path)
     missing = [c for c in SHAPE_COLUMNS if c not in raw.columns]
@@ -140,17 +149,19 @@ def _write_reports(df: pd.DataFrame, out_csv, out_md, header: str) -> None:
               help="shapes to measure: a CSV with the shape columns or a grid YAML")
 @click.option("--max-time-s", type=float, default=0.2, show_default=True,
               help="timing budget per config")
+@click.option("--backend", type=click.Choice(["cuda", "reference"]), default="cuda",
+              show_default=True, help="what is timed: the kernel, or the PyTorch reference on the CPU")
 @click.option("--out-csv", type=click.Path(dir_okay=False), default=None)
 @click.option("--out-md", type=click.Path(dir_okay=False), default=None)
 @shape_options
 @_exit_2_on_bad_input
-def evaluate(gpu, table, trials, shapes_file, max_time_s, out_csv, out_md, **shape_kw):
+def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_md, **shape_kw):
     """Regret (time / best - 1) of the selector, FA2's heuristic and S=1 per shape.
 
     With --from-trials: every measured shape is held out of the table and selected from the
     rest (regret on shapes not in the table), plus the analytic fallback alone. Otherwise
     each shape (--shapes or the shape options) is timed on this GPU: the selected config,
-    FA2's, S=1 and every config of the search space.
+    FA2's, S=1 and every config of the search space (a grid YAML's own space and timing).
     """
     from splitkv_tune import evaluation
     if trials is not None:
@@ -164,12 +175,13 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, out_csv, out_md, **sha
         _write_reports(df, out_csv, out_md, header)
         return
     from splitkv_tune.bench import backend_problem
-    shapes = _shapes_file(shapes_file) if shapes_file else [_shape_from(**shape_kw)]
+    shapes, search_space, timing = _measurement_plan(shapes_file, shape_kw, max_time_s)
     loaded, where = _load_table(table, gpu)
-    problem = backend_problem("cuda")
+    problem = backend_problem(backend)
     if problem:
         _fail(problem)
-    rows = [evaluation.measure_shape(s, gpu, {"max_time_s": max_time_s}, loaded) for s in shapes]
+    rows = [evaluation.measure_shape(s, gpu, {"backend": backend, **timing}, loaded, search_space)
+            for s in shapes]
     _write_reports(pd.DataFrame(rows), out_csv, out_md,
                    f"# Selector regret measured on {resolve_gpu(gpu)} (table: {where})\n")
 

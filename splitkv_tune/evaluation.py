@@ -124,13 +124,17 @@ def fallback_vs_fa2(trials_df: pd.DataFrame, gpu: str = "nvidia_h200") -> dict:
     return res
 
 
-def measure_shape(shape: Shape, gpu: str, bench_kwargs: dict, table) -> dict:
-    """On a GPU: time the selected config, FA2's, S=1 and every config of the space."""
+def measure_shape(shape: Shape, gpu: str, bench_kwargs: dict, table,
+                  search_space: space.SearchSpace = space.SearchSpace()) -> dict:
+    """Time the selected config, FA2's, S=1 and every config of ``search_space``.
+
+    ``bench_kwargs`` go to :class:`bench.ShapeBench` (``backend="reference"`` runs on the CPU).
+    """
     from splitkv_tune.bench import ShapeBench
     profile = profile_for(gpu) or GENERIC_PROFILE
     sel = select_shape(table, shape, gpu)
     fa2 = space.fa2_config(shape, profile.sms)
-    cands = space.candidate_configs(shape, smem_limit=profile.smem_per_sm,
+    cands = space.candidate_configs(shape, search_space, smem_limit=profile.smem_per_sm,
                                     extra_splits=(sel.config.num_splits, fa2.num_splits))
     bench = ShapeBench(shape, num_sms=profile.sms, **bench_kwargs)
     times = {}

@@ -128,3 +128,27 @@ def test_leave_one_out_and_fallback_vs_fa2():
     assert set(res) == {"fallback", "fa2", "better", "per_shape"}
     # The fixture's times come from the cost model itself, so the fallback must win here.
     assert res["better"] and isinstance(res["per_shape"], pd.DataFrame)
+
+
+def test_evaluate_times_every_rule_on_the_reference_backend(tmp_path):
+    """The measured evaluate path, run on the CPU: each rule's time comes from the same sweep."""
+    from click.testing import CliRunner
+
+    from splitkv_tune.cli_tables import evaluate
+    grid = tmp_path / "tiny.yaml"
+    grid.write_text(
+        "name: tiny\n"
+        "shapes:\n"
+        "  - {dtype: bf16, head_dim: 64, q_heads: 4, kv_heads: 2, batch: 1, q_len: 1, kv_len: 300}\n"
+        "space: {num_splits: [1, 2, 4], block_kv: [64], reduce_threads: [128], split_policy: [blocks]}\n"
+        "timing: {warmup_s: 0.0, min_reps: 3, max_time_s: 0.0}\n")
+    out = tmp_path / "ev.csv"
+    result = CliRunner().invoke(evaluate, ["--gpu", "h200", "--backend", "reference", "--shapes",
+                                           str(grid), "--table", str(FIXTURES / "heuristics.csv"),
+                                           "--out-csv", str(out)])
+    assert result.exit_code == 0, result.output
+    row = pd.read_csv(out).iloc[0]
+    for rule in ("selector", "fa2", "s1"):
+        assert row[f"{rule}_us"] >= row["best_us"] > 0
+        assert row[f"{rule}_regret"] == pytest.approx(row[f"{rule}_us"] / row["best_us"] - 1)
+    assert "geometric-mean regret" in result.output
