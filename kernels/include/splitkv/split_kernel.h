@@ -29,8 +29,8 @@ CUTE_DEVICE int2 split_range(const SplitParams& p, int split, int kv_end, int bl
     return make_int2(start, min(end, kv_end));
   }
   const int n_blocks = (kv_end + block_kv - 1) / block_kv;
-  const int start = split * n_blocks / p.num_splits * block_kv;
-  const int end = min((split + 1) * n_blocks / p.num_splits * block_kv, kv_end);
+  const int start = int(int64_t(split) * n_blocks / p.num_splits) * block_kv;
+  const int end = min(int(int64_t(split + 1) * n_blocks / p.num_splits) * block_kv, kv_end);
   return make_int2(start, end);
 }
 
