@@ -355,7 +355,10 @@ class ShapeBench:
             if self.check:
                 if isinstance(out, tuple):
                     out = out[0]
-                passed, err_value, tol = self.verify(out)
+                try:
+                    passed, err_value, tol = self.verify(out)
+                except FAILURE_EXCEPTIONS as err:  # e.g. out of memory building the reference
+                    return Timing.failure("failed", "reference: " + describe_error(err))
                 if not passed:
                     return Timing.failure(
                         "wrong", f"max abs error {err_value:.3g} > tolerance {tol:.3g}",

@@ -99,7 +99,7 @@ def _smem_limit(backend: str, profile) -> int | None:
         limit = getattr(props, "shared_memory_per_block_optin", None)
         if limit:
             return int(limit)
-    return profile.smem_per_sm - 1024 if profile else None
+    return profile.smem_per_block if profile else None
 
 
 def _grid_shapes(grid, dtypes, head_dims, patterns):
@@ -282,7 +282,7 @@ def table(trials, output, gpu, min_margin, from_storage):
         if not journal.is_file():
             raise click.BadParameter(f"no {journal}", param_hint="--from-storage")
         storage = sweep_mod.open_storage(str(journal), journal.parent)
-        sweep_mod.rebuild_trials_csv(storage, "", trials_path)
+        sweep_mod.rebuild_trials_csv(storage, trials_path)
     if not trials_path.is_file():
         raise click.BadParameter(f"{trials_path} does not exist", param_hint="TRIALS")
     out = Path(output) if output else trials_path.parent / "heuristics.csv"
@@ -330,7 +330,7 @@ def compare(grid, dtypes, head_dims, patterns, table_path, config_text, peers, b
             raise click.BadParameter(f"{config_text!r}: {err}", param_hint="--config")
     _backend_or_exit(backend)
     heuristics = pd.read_csv(table_path, dtype={"split_policy": str}) if table_path else None
-    run_id = meta.new_run_id()
+    run_id = meta.make_run_id()
     results = compare_mod.run_compare(
         shapes, backend=backend, peers=peer_list, heuristics=heuristics, fixed=fixed,
         timing=_timing(grid_obj.timing, warmup_s, min_reps, max_time_s), run_id=run_id,

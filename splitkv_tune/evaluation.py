@@ -134,7 +134,7 @@ def measure_shape(shape: Shape, gpu: str, bench_kwargs: dict, table,
     profile = profile_for(gpu) or GENERIC_PROFILE
     sel = select_shape(table, shape, gpu)
     fa2 = space.fa2_config(shape, profile.sms)
-    cands = space.candidate_configs(shape, search_space, smem_limit=profile.smem_per_sm,
+    cands = space.candidate_configs(shape, search_space, smem_limit=profile.smem_per_block,
                                     extra_splits=(sel.config.num_splits, fa2.num_splits))
     bench = ShapeBench(shape, num_sms=profile.sms, **bench_kwargs)
     times = {}

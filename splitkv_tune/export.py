@@ -159,10 +159,11 @@ constexpr Row kRows[kNumRows] = {
 @ROWS@
 };
 
-constexpr bool kProfileKnown = @KNOWN@;  // known: block_kv is lowered to fit kSmemPerSm
-constexpr std::int64_t kSmemPerSm = @SMEM@;
+constexpr bool kProfileKnown = @KNOWN@;  // known: block_kv is lowered to fit kSmemPerBlock
+constexpr std::int64_t kSmemPerBlock = @SMEM@;
 // Profile of the analytic fallback (@FBNAME@).
-constexpr std::int64_t kSms = @SMS@, kCopyBwMBps = @BW@, kL2Bytes = @L2@, kFbSmemPerSm = @FBSMEM@;
+constexpr std::int64_t kSms = @SMS@, kCopyBwMBps = @BW@, kL2Bytes = @L2@, kFbSmemPerSm = @FBSMEM@,
+                     kFbSmemPerBlock = @FBSMEMBLOCK@;
 constexpr std::int64_t kLaunchNs = @launch_ns@, kTileNs = @tile_ns@, kMemLatencyNs = @mem_latency_ns@,
     kCtasPerSm = @ctas_per_sm@, kMmaFlopPerNsPerSm = @mma_flop_per_ns_per_sm@,
     kL2SpeedupPct = @l2_speedup_pct@, kCombineSplitNs = @combine_split_ns@,
@@ -250,7 +251,7 @@ inline Config analytic(const Shape& s) {
   Config best{1, kBlockKv[0], 128, kBlocks};
   for (int i = 0; i < kNumBlockKv; ++i) {
     std::int64_t bkv = kBlockKv[i];
-    if (smem_bytes(s.d, bkv, bm) > kFbSmemPerSm && i != 0) continue;
+    if (smem_bytes(s.d, bkv, bm) > kFbSmemPerBlock && i != 0) continue;
     std::int64_t top = min64(kMaxSplits, ceil_div(s.sk, bkv));
     for (std::int64_t sp = 1; sp <= top; ++sp) {
       std::int64_t t = cost_ns(s, sp, bkv);
@@ -291,7 +292,7 @@ inline bool select_config(int dtype, int head_dim, std::int64_t batch, std::int6
     if (compare_key(kRows[mid], dtype, head_dim, c, s) < 0) lo = mid + 1; else hi = mid;
   }
   if (lo < kNumRows && compare_key(kRows[lo], dtype, head_dim, c, s) == 0) {
-    *out = finalize(kRows[lo].config, s, kProfileKnown, kSmemPerSm);
+    *out = finalize(kRows[lo].config, s, kProfileKnown, kSmemPerBlock);
     if (kind) *kind = kHit;
     return true;
   }
@@ -314,11 +315,11 @@ inline bool select_config(int dtype, int head_dim, std::int64_t batch, std::int6
     if (j < @K@) { nd[j] = d; ni[j] = i; }
   }
   if (n == 0) {
-    *out = finalize(analytic(s), s, true, kFbSmemPerSm);
+    *out = finalize(analytic(s), s, true, kFbSmemPerBlock);
     if (kind) *kind = kFallback;
     return true;
   }
-  Config base = finalize(kRows[ni[0]].config, s, kProfileKnown, kSmemPerSm);
+  Config base = finalize(kRows[ni[0]].config, s, kProfileKnown, kSmemPerBlock);
   if (kind) *kind = kInterpolated;
   if (nd[0] == 0) { *out = base; return true; }
   std::int64_t num = 0, den = 0;
@@ -396,9 +397,10 @@ def render_cpp_header(table: HeuristicTable, model: CostModel = MODEL) -> str:
         "GUARD": f"SPLITKV_TUNE_TABLE_{normalize_gpu_name(gpu).upper()}_H_", "NS": ns,
         "NROWS": str(len(rows)), "ROWS": "\n".join(rows),
         "KNOWN": "true" if profile is not None else "false",
-        "SMEM": str(int((profile or fb).smem_per_sm)), "FBNAME": _safe(fb.name),
+        "SMEM": str(int((profile or fb).smem_per_block)), "FBNAME": _safe(fb.name),
         "SMS": str(int(fb.sms)), "BW": str(int(round(fb.copy_bw_gbps * 1000))),
         "L2": str(int(fb.l2_bytes)), "FBSMEM": str(int(fb.smem_per_sm)),
+        "FBSMEMBLOCK": str(int(fb.smem_per_block)),
         "BLOCK_KV": ", ".join(map(str, tunables.BLOCK_KV)), "NBKV": str(len(tunables.BLOCK_KV)),
         "MAXS": str(tunables.MAX_SPLITS), "STAGES": str(tunables.KV_STAGES),
         "MAXDIM": "2147483647", "ALIGN": str(tunables.WORKSPACE_ALIGN),

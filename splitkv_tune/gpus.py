@@ -8,7 +8,9 @@ from pathlib import Path
 
 import yaml
 
-PROFILES_PATH = Path(__file__).resolve().parent.parent / "configs" / "gpus.yaml"
+from splitkv_tune.paths import data_dir
+
+PROFILES_PATH = data_dir("configs") / "gpus.yaml"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,6 +20,11 @@ class GpuProfile:
     copy_bw_gbps: float
     l2_bytes: int
     smem_per_sm: int
+
+    @property
+    def smem_per_block(self) -> int:
+        """Largest shared memory one CTA may opt into: the SM's less the 1 KiB reserved per block."""
+        return self.smem_per_sm - 1024
 
 
 def normalize_gpu_name(name: str) -> str:

@@ -19,7 +19,7 @@ from splitkv_tune.table import atomic_write_text
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def new_run_id(now: _dt.datetime | None = None) -> str:
+def make_run_id(now: _dt.datetime | None = None) -> str:
     """Sortable, unique run id: UTC timestamp plus random suffix, e.g. ``20261129T184600Z-3fa2``."""
     now = now or _dt.datetime.now(_dt.timezone.utc)
     return now.strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(2)
@@ -137,7 +137,7 @@ def collect_meta(*, device=None, backend: str | None = None, run_id: str | None 
     import splitkv_tune
 
     info = {
-        "run_id": run_id or new_run_id(),
+        "run_id": run_id or make_run_id(),
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "argv": list(sys.argv if argv is None else argv),
         "backend": backend,

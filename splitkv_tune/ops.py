@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 
 import torch
 
@@ -16,7 +17,7 @@ from splitkv_tune.tunables import Config, Shape
 _DTYPES = {torch.float16: ("fp16", 0), torch.bfloat16: ("bf16", 1)}
 _POLICY_CODES = {"length": 0, "blocks": 1}
 _MAX_GRID_Y = 65535
-_workspaces: dict[int, torch.Tensor] = {}
+_workspaces: dict[tuple[int, int], torch.Tensor] = {}
 
 
 @functools.lru_cache(maxsize=1)
@@ -49,10 +50,12 @@ def _check_tensor(name: str, t, rank: int) -> None:
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """The tensor itself when its rows are 16-byte aligned (the kernels' vector loads), else a copy."""
-    ok = (t.data_ptr() % 16 == 0
-          and all(s % 8 == 0 for s in t.stride()[:-1]))
-    return t if ok else t.contiguous()
+    """The tensor itself when its rows are 16-byte aligned (the kernels' vector loads), else a copy.
+
+    ``clone`` rather than ``contiguous``: a contiguous view at an odd offset must be copied too.
+    """
+    ok = t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
+    return t if ok else t.clone(memory_format=torch.contiguous_format)
 
 
 def problem_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> Shape:
@@ -75,6 +78,8 @@ def problem_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         raise ValueError(f"k head_dim ({k.shape[3]}) must equal q head_dim ({head_dim})")
     if batch * k.shape[2] > _MAX_GRID_Y:
         raise ValueError(f"batch * kv_heads must be at most {_MAX_GRID_Y}, got {batch * k.shape[2]}")
+    if max(k.shape[1], q_len * (q_heads // max(1, k.shape[2]))) >= 2**31:
+        raise ValueError("kv_len and q_len * (q_heads / kv_heads) must be below 2**31")
     dtype = _DTYPES[q.dtype][0]
     return Shape(dtype, head_dim, batch, q_heads, int(k.shape[2]), q_len, int(k.shape[1]),
                  bool(causal)).validate()
@@ -97,13 +102,23 @@ def resolve_config(shape: Shape, device_index: int, num_splits="auto", block_kv=
     """
     given = {"num_splits": num_splits, "block_kv": block_kv, "reduce_threads": reduce_threads,
              "split_policy": split_policy}
+    for name, value in given.items():
+        if isinstance(value, str) and value == "auto":
+            continue
+        if name != "split_policy" and not isinstance(value, bool):
+            try:
+                value = operator.index(value)  # numpy and torch integers too
+            except TypeError:
+                raise ValueError(f"{name} must be an integer or 'auto', got {value!r}") from None
+        given[name] = value
+        Config(**{name: value}).validate()
     if any(isinstance(v, str) and v == "auto" for v in given.values()):
         fields = (shape.dtype, shape.head_dim, shape.batch, shape.q_heads, shape.kv_heads,
                   shape.q_len, shape.kv_len, shape.causal)
         auto = dict(zip(given, _auto_fields(fields, device_index)))
         given = {k: auto[k] if isinstance(v, str) and v == "auto" else v for k, v in given.items()}
         if num_splits == "auto" and isinstance(given["block_kv"], int):
-            cap = tunables.ceil_div(shape.kv_len, given["block_kv"])
+            cap = tunables.kv_blocks(shape, given["block_kv"])
             given["num_splits"] = max(1, min(given["num_splits"], cap))
     return Config(**given).validate()
 
@@ -141,11 +156,16 @@ def _workspace_for(q: torch.Tensor, nbytes: int, workspace) -> torch.Tensor:
         if workspace.data_ptr() % tunables.WORKSPACE_ALIGN:
             raise ValueError(f"workspace must be {tunables.WORKSPACE_ALIGN}-byte aligned")
         return workspace
-    index = q.device.index
-    cached = _workspaces.get(index)
+    if torch.cuda.is_current_stream_capturing():
+        # Memory taken during capture belongs to the graph's pool: never cache it.
+        return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)
+    # One buffer per (device, stream): calls on one stream run in order, so reuse is safe there;
+    # the allocator keeps a replaced buffer alive until that stream's queued work has used it.
+    key = (q.device.index, torch.cuda.current_stream(q.device).stream_id)
+    cached = _workspaces.get(key)
     if cached is None or cached.numel() < nbytes:
         cached = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)
-        _workspaces[index] = cached
+        _workspaces[key] = cached
     return cached
 
 
@@ -198,7 +218,8 @@ def _(q, k, v, workspace, causal, softmax_scale, num_splits, block_kv, reduce_th
       split_policy, return_lse):
     batch, q_len, q_heads, _ = q.shape
     lse_shape = (batch, q_heads, q_len) if return_lse else (0,)
-    return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty(lse_shape, dtype=torch.float32))
 
 
 def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="auto",
@@ -251,7 +272,8 @@ def combine_partials(o_part: torch.Tensor, m: torch.Tensor, l: torch.Tensor, *, 
     if head_dim not in tunables.HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {tunables.HEAD_DIMS}, got {head_dim}")
     Config(num_splits=splits, reduce_threads=reduce_threads).validate()
-    o_part, m, l = o_part.contiguous(), m.contiguous(), l.contiguous()
+    o_part, m, l = (t.clone(memory_format=torch.contiguous_format)
+                    if not t.is_contiguous() or t.data_ptr() % 16 else t for t in (o_part, m, l))
     out = torch.empty(batch, q_len, kv_heads * group, head_dim, dtype=out_dtype, device=o_part.device)
     lse = torch.empty(batch, kv_heads * group, q_len, dtype=torch.float32, device=o_part.device)
     with torch.cuda.device(o_part.device):

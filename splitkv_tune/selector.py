@@ -20,7 +20,7 @@ the same integer arithmetic, so both choose identically):
    the GPU's shared memory and every ``S`` in ``[1, min(128, kv blocks)]``.
 
 Every result is finalised the same way: ``block_kv`` lowered while its smem exceeds the GPU
-profile's ``smem_per_sm`` (only when the profile is known), then ``S`` capped at
+profile's per-block shared memory (only when the profile is known), then ``S`` capped at
 ``min(128, ceil(kv_len / block_kv))``, so the kernel can always run what comes back.
 """
 from __future__ import annotations
@@ -32,13 +32,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from splitkv_tune.paths import data_dir
 from splitkv_tune import tunables
 from splitkv_tune.gpus import GpuProfile, profile_for, resolve_gpu
 from splitkv_tune.table_schema import MAX_DIM, SHAPE_COLUMNS, TableError, validate_heuristics
 from splitkv_tune.tunables import Config, Shape, block_m_for, ceil_div, smem_bytes
 
 TABLES_ENV = "SPLITKV_TUNE_TABLES"
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
+RESULTS_DIR = data_dir("results")
 NEIGHBOURS = 4
 Q = 16  # fractional bits of the fixed-point log2
 DTYPE_CODES = {d: i for i, d in enumerate(tunables.DTYPES)}
@@ -121,10 +122,10 @@ def check_domain(shape: Shape) -> Shape:
 
 def _work(shape: Shape) -> tuple[int, int, tuple[int, int, int]]:
     """(tile height, split-kernel CTAs per split, log2 coordinates) of a shape."""
-    rows = shape.q_len * (shape.q_heads // shape.kv_heads)
-    bm = block_m_for(rows)
+    rows = shape.packed_rows
     bh = shape.batch * shape.kv_heads
-    return bm, bh * ceil_div(rows, bm), (log2_q16(bh), log2_q16(shape.kv_len), log2_q16(rows))
+    return (block_m_for(rows), bh * tunables.num_m_blocks(shape),
+            (log2_q16(bh), log2_q16(shape.kv_len), log2_q16(rows)))
 
 
 class HeuristicTable:
@@ -177,7 +178,7 @@ def _finalize(cfg: Config, shape: Shape, profile: GpuProfile | None) -> Config:
     bkv = cfg.block_kv
     if profile is not None:
         bm = block_m_for(shape.packed_rows)
-        while bkv != tunables.BLOCK_KV[0] and smem_bytes(shape.head_dim, bkv, bm) > profile.smem_per_sm:
+        while bkv != tunables.BLOCK_KV[0] and smem_bytes(shape.head_dim, bkv, bm) > profile.smem_per_block:
             bkv = tunables.BLOCK_KV[tunables.BLOCK_KV.index(bkv) - 1]
     s = max(1, min(cfg.num_splits, tunables.MAX_SPLITS, ceil_div(shape.kv_len, bkv)))
     return dataclasses.replace(cfg, num_splits=s, block_kv=bkv)
@@ -271,7 +272,7 @@ def analytic_config(shape: Shape, profile: GpuProfile, model: CostModel = MODEL)
     bm = block_m_for(shape.packed_rows)
     best, best_t = None, None
     for bkv in tunables.BLOCK_KV:
-        if smem_bytes(shape.head_dim, bkv, bm) > profile.smem_per_sm and bkv != tunables.BLOCK_KV[0]:
+        if smem_bytes(shape.head_dim, bkv, bm) > profile.smem_per_block and bkv != tunables.BLOCK_KV[0]:
             continue
         for s in range(1, min(tunables.MAX_SPLITS, ceil_div(shape.kv_len, bkv)) + 1):
             t = analytic_cost_ns(shape, s, bkv, profile, model)

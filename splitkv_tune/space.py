@@ -36,10 +36,11 @@ from typing import Any, Iterable
 
 import yaml
 
+from splitkv_tune.paths import data_dir
 from splitkv_tune import tunables
 from splitkv_tune.tunables import Config, Shape
 
-CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS_DIR = data_dir("configs")
 NAMED_GRIDS = ("quick", "full")
 DEFAULT_NUM_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 SHAPE_FIELDS = ("dtype", "head_dim", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "causal")
@@ -93,8 +94,7 @@ def config_key(config: Config) -> str:
 def fa2_config(shape: Shape, num_sms: int) -> Config:
     """FlashAttention-2's choice for ``shape``: its split count (blocks counted with its own
     KV block, 128 for D=128 and 256 for D=64), launched with ``block_kv=128``."""
-    fa2_block = 128 if shape.head_dim >= 128 else 256
-    splits = tunables.fa2_num_splits(shape, num_sms, block_kv=fa2_block)
+    splits = tunables.fa2_num_splits(shape, num_sms)
     return Config(num_splits=splits, block_kv=128, reduce_threads=128, split_policy="blocks")
 
 

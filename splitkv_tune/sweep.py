@@ -226,11 +226,12 @@ def trial_rows(study: optuna.Study) -> list[dict]:
     return rows
 
 
-def rebuild_trials_csv(storage, prefix: str, path: Path) -> pd.DataFrame:
-    """Write every measurement of the studies named ``prefix*`` to ``path`` (atomically)."""
+def rebuild_trials_csv(storage, path: Path, gpu: str | None = None) -> pd.DataFrame:
+    """Write every measurement of the storage's studies for ``gpu`` (all when ``None``) to
+    ``path`` atomically, whatever their ``--study-prefix``."""
     rows = []
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-        if summary.study_name.startswith(prefix):
+        if gpu is None or summary.user_attrs.get("gpu") == gpu:
             study = optuna.load_study(study_name=summary.study_name, storage=storage)
             rows.extend(trial_rows(study))
     frame = pd.DataFrame(rows, columns=table.TRIALS_COLUMNS)
@@ -372,9 +373,9 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
     storage = open_storage(plan.storage, out_dir)
     check_existing_studies(plan, storage)
     trials_path, heuristics_path = out_dir / "trials.csv", out_dir / "heuristics.csv"
-    rebuild_trials_csv(storage, plan.prefix, trials_path)
+    rebuild_trials_csv(storage, trials_path, plan.gpu)
     device = bench.default_device(plan.backend)
-    run_id = meta.new_run_id()
+    run_id = meta.make_run_id()
     copy_bw = bench.copy_bandwidth_gbps(device, **plan.timing)
     winners = current_winners(out_dir)
     run_meta = meta.collect_meta(
@@ -394,7 +395,7 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
         totals["failed"] += timing.status != "ok"
         trial_bar.update(1)
         if time.monotonic() - last_rebuild[0] >= REBUILD_EVERY_S:
-            rebuild_trials_csv(storage, plan.prefix, trials_path)
+            rebuild_trials_csv(storage, trials_path, plan.gpu)
             last_rebuild[0] = time.monotonic()
 
     disable = None if progress is None else not progress  # None: only on a terminal
@@ -430,7 +431,7 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
             holder.clear()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-            frame = rebuild_trials_csv(storage, plan.prefix, trials_path)
+            frame = rebuild_trials_csv(storage, trials_path, plan.gpu)
             table.atomic_write_csv(heuristics_path, table.build_heuristics(frame))
             last_rebuild[0] = time.monotonic()
         status = "completed"
@@ -440,7 +441,7 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
     finally:
         trial_bar.close()
         shape_bar.close()
-        frame = rebuild_trials_csv(storage, plan.prefix, trials_path)
+        frame = rebuild_trials_csv(storage, trials_path, plan.gpu)
         heuristics = table.build_heuristics(frame)
         table.atomic_write_csv(heuristics_path, heuristics)
         run_meta.update(status=status, elapsed_s=round(time.monotonic() - start, 3), **totals)

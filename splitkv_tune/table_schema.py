@@ -38,7 +38,8 @@ HEURISTICS_COLUMNS = (
     + ["runner_up_" + c for c in CONFIG_COLUMNS] + ["runner_up_us"]
     + ["noise_margin", "n_trials", "run_id"]
 )
-TRIALS_COLUMNS = (SHAPE_COLUMNS + CONFIG_COLUMNS
+# The trials.csv columns the selector, evaluation and plots read (sweep.py writes more).
+TRIALS_REQUIRED_COLUMNS = (SHAPE_COLUMNS + CONFIG_COLUMNS
                   + ["median_us", "p20_us", "p80_us", "n", "status", "reason",
                      "gbps", "frac_copy_bw", "run_id"])
 TRIAL_STATUSES = ("ok", "failed", "wrong")
@@ -236,7 +237,7 @@ def validate_trials(df: pd.DataFrame, source="<trials>") -> pd.DataFrame:
     for col in ("reason", "gbps", "frac_copy_bw", "n"):
         if col not in df.columns:
             df[col] = "" if col != "n" else "0"
-    columns = TRIALS_COLUMNS + (["gpu"] if "gpu" in df.columns else [])
+    columns = TRIALS_REQUIRED_COLUMNS + (["gpu"] if "gpu" in df.columns else [])
     out = _validate_rows(df, columns, source, frozenset(_OPTIONAL | {"median_us"}))
     bad = (out["status"] == "ok") & out["median_us"].isna()
     if bad.any():

@@ -253,13 +253,12 @@ def kv_blocks(shape: Shape, block_kv: int) -> int:
     return ceil_div(shape.kv_len, block_kv)
 
 
-def fa2_num_splits(shape: Shape, num_sms: int, block_kv: int = 128,
-                   max_splits: int = MAX_SPLITS) -> int:
+def fa2_num_splits(shape: Shape, num_sms: int, max_splits: int = MAX_SPLITS) -> int:
     """FlashAttention-2's split heuristic: the smallest S within 85% of the best wave efficiency.
 
-    ``block_kv`` is the KV block FlashAttention-2 uses to count blocks (128 for head
-    dim 128, 256 for 64). Its query tile is 64 rows; for decode (Sq = 1) it packs the
-    GQA heads into the query dimension, otherwise it counts query heads.
+    It counts KV blocks of its own size (256 keys for head dim 64, 128 for 128). Its query
+    tile is 64 rows; for decode (Sq = 1) it packs the GQA heads into the query dimension,
+    otherwise it counts query heads.
 
     >>> fa2_num_splits(Shape("bf16", 128, 1, 32, 8, 1, 16384), num_sms=132)
     15
@@ -272,7 +271,7 @@ def fa2_num_splits(shape: Shape, num_sms: int, block_kv: int = 128,
         work = shape.batch * shape.q_heads * ceil_div(shape.q_len, 64)
     if work >= 0.8 * num_sms:
         return 1
-    n_blocks = ceil_div(shape.kv_len, block_kv)
+    n_blocks = ceil_div(shape.kv_len, 256 if shape.head_dim <= 64 else 128)
     limit = min(max_splits, num_sms, n_blocks)
 
     def eligible(s: int) -> bool:

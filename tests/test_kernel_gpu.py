@@ -383,13 +383,13 @@ def test_current_stream(ops, cuda_gen):
     """The kernels run on torch's current stream, ordered after the work queued there."""
     c = _small_case()
     q, k, v = _inputs(c, cuda_gen)
-    q_new = torch.randn(q.shape, generator=cuda_gen, device="cuda").to(q.dtype)
-    want = _call(ops, q_new, k, v, c, return_lse=False)
+    q_fresh = torch.randn(q.shape, generator=cuda_gen, device="cuda").to(q.dtype)
+    want = _call(ops, q_fresh, k, v, c, return_lse=False)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         torch.cuda._sleep(50_000_000)  # delay the copy: a launch on another stream reads old q
-        q.copy_(q_new)
+        q.copy_(q_fresh)
         got = _call(ops, q, k, v, c, return_lse=False)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()

@@ -227,3 +227,14 @@ def test_time_callable_and_copy_bandwidth_on_cpu():
                                  warmup_s=0)
     assert timing.n == 5 and timing.input_sets == 2 and timing.method == "wallclock"
     assert bench.copy_bandwidth_gbps("cpu", 1 << 20, warmup_s=0, min_reps=3, max_time_s=0) > 0
+
+
+def test_second_study_prefix_in_one_out_dir_keeps_the_first_runs_rows(grid, tmp_path):
+    out = tmp_path / "out"
+    assert run_sweep(grid, out).exit_code == 0
+    first = len(read_trials(out))
+    result = run_sweep(grid, out, "--study-prefix", "again:")
+    assert result.exit_code == 0, result.output
+    trials = read_trials(out)
+    assert len(trials) == 2 * first
+    assert trials.study.str.startswith("again:").sum() == first

@@ -225,10 +225,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) split_kv_kernel(const __gri
 
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
-      const float m_new = fmaxf(row_max[i], tile_max[i]);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet stays at 0
+      const float m_next = fmaxf(row_max[i], tile_max[i]);
+      const float m_use = m_next == -INFINITY ? 0.f : m_next;  // a row with no key yet stays at 0
       const float correction = exp2f(row_max[i] - m_use);
-      row_max[i] = m_new;
+      row_max[i] = m_next;
       float sum = 0.f;
       CUTE_UNROLL
       for (int j = 0; j < size<1>(s_rc); ++j) {

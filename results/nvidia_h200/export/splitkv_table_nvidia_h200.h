@@ -56,10 +56,11 @@ constexpr Row kRows[kNumRows] = {
   {1, 128, 1, 1, 32, 8, 16, 16384, {16, 128, 128, 1}, 64, 196608, 917504, 393216, 458752},  // #20
 };
 
-constexpr bool kProfileKnown = true;  // known: block_kv is lowered to fit kSmemPerSm
-constexpr std::int64_t kSmemPerSm = 233472;
+constexpr bool kProfileKnown = true;  // known: block_kv is lowered to fit kSmemPerBlock
+constexpr std::int64_t kSmemPerBlock = 232448;
 // Profile of the analytic fallback (nvidia_h200).
-constexpr std::int64_t kSms = 132, kCopyBwMBps = 4260000, kL2Bytes = 62914560, kFbSmemPerSm = 233472;
+constexpr std::int64_t kSms = 132, kCopyBwMBps = 4260000, kL2Bytes = 62914560, kFbSmemPerSm = 233472,
+                     kFbSmemPerBlock = 232448;
 constexpr std::int64_t kLaunchNs = 2000, kTileNs = 600, kMemLatencyNs = 700,
     kCtasPerSm = 2, kMmaFlopPerNsPerSm = 2000,
     kL2SpeedupPct = 250, kCombineSplitNs = 15,
@@ -147,7 +148,7 @@ inline Config analytic(const Shape& s) {
   Config best{1, kBlockKv[0], 128, kBlocks};
   for (int i = 0; i < kNumBlockKv; ++i) {
     std::int64_t bkv = kBlockKv[i];
-    if (smem_bytes(s.d, bkv, bm) > kFbSmemPerSm && i != 0) continue;
+    if (smem_bytes(s.d, bkv, bm) > kFbSmemPerBlock && i != 0) continue;
     std::int64_t top = min64(kMaxSplits, ceil_div(s.sk, bkv));
     for (std::int64_t sp = 1; sp <= top; ++sp) {
       std::int64_t t = cost_ns(s, sp, bkv);
@@ -188,7 +189,7 @@ inline bool select_config(int dtype, int head_dim, std::int64_t batch, std::int6
     if (compare_key(kRows[mid], dtype, head_dim, c, s) < 0) lo = mid + 1; else hi = mid;
   }
   if (lo < kNumRows && compare_key(kRows[lo], dtype, head_dim, c, s) == 0) {
-    *out = finalize(kRows[lo].config, s, kProfileKnown, kSmemPerSm);
+    *out = finalize(kRows[lo].config, s, kProfileKnown, kSmemPerBlock);
     if (kind) *kind = kHit;
     return true;
   }
@@ -211,11 +212,11 @@ inline bool select_config(int dtype, int head_dim, std::int64_t batch, std::int6
     if (j < 4) { nd[j] = d; ni[j] = i; }
   }
   if (n == 0) {
-    *out = finalize(analytic(s), s, true, kFbSmemPerSm);
+    *out = finalize(analytic(s), s, true, kFbSmemPerBlock);
     if (kind) *kind = kFallback;
     return true;
   }
-  Config base = finalize(kRows[ni[0]].config, s, kProfileKnown, kSmemPerSm);
+  Config base = finalize(kRows[ni[0]].config, s, kProfileKnown, kSmemPerBlock);
   if (kind) *kind = kInterpolated;
   if (nd[0] == 0) { *out = base; return true; }
   std::int64_t num = 0, den = 0;

@@ -1,0 +1,10 @@
+"""Where the shipped data lives: a wheel's copy under the package, else the source tree's."""
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def data_dir(name: str) -> Path:
+    """``configs`` or ``results``: ``splitkv_tune/data/<name>`` in a wheel, ``<repo>/<name>`` in a checkout."""
+    packaged = PACKAGE_DIR / "data" / name
+    return packaged if packaged.is_dir() else PACKAGE_DIR.parent / name
