@@ -82,3 +82,19 @@ def test_binding_compiles(nvcc_flags, tmp_path):
                         "-o", str(tmp_path / "bindings.o")]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_extension_matches_tunables():
+    """The built extension was generated from this tunables.py, and its shared-memory sizes
+    (from the C++ traits) equal the host-side formula the selector uses."""
+    import torch  # noqa: F401  (loads libtorch's CUDA libraries before the extension)
+    ext = pytest.importorskip("splitkv_tune._C", reason="extension not built")
+    got = ext.compiled_tunables()
+    assert got["head_dims"] == tunables.HEAD_DIMS and got["block_kv"] == tunables.BLOCK_KV
+    assert got["block_m"] == tuple(tunables.BLOCK_M)
+    assert got["reduce_threads"] == tunables.REDUCE_THREADS
+    assert (got["max_splits"], got["kv_stages"], got["num_warps"], got["workspace_align"]) == (
+        tunables.MAX_SPLITS, tunables.KV_STAGES, tunables.NUM_WARPS, tunables.WORKSPACE_ALIGN)
+    for dt, hd, bm, bkv in codegen.split_instances():
+        code = tunables.DTYPES.index(dt)
+        assert ext.split_smem_bytes(code, hd, bm, bkv) == tunables.smem_bytes(hd, bkv, bm)
