@@ -17,7 +17,7 @@ __global__ void __launch_bounds__(Traits::kThreads) combine_kernel(const __grid_
   constexpr int kLanes = Traits::kThreadsPerRow;
   constexpr int kRows = Traits::kRowsPerBlock;
   constexpr int kUnroll = 8;  // partial rows in flight per thread
-  __shared__ float s_weight[kRows][kMaxSplits];  // exp(m_s - m) / l per split
+  __shared__ float s_weight[kRows][kMaxSplits];  // exp(m_s - m) per split, 0 where l_s == 0
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched programmatically after the split kernel: wait until its partials are visible.
