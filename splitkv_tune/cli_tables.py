@@ -100,13 +100,12 @@ def select(gpu, table, **shape_kw):
 def _measurement_plan(shapes_file, shape_kw, max_time_s):
     """Shapes, search space and timing for a measured evaluate; a grid YAML brings its own."""
     from splitkv_tune import space
-    timing = {"max_time_s": max_time_s}
+    override = {} if max_time_s is None else {"max_time_s": max_time_s}
     if shapes_file and shapes_file.endswith((".yaml", ".yml")):
         grid = space.load_grid(shapes_file)
-        timing.update({k: v for k, v in grid.timing.items() if k != "max_time_s"})
-        return list(grid.shapes), grid.space, timing
+        return list(grid.shapes), grid.space, {**grid.timing, **override}
     shapes = _shapes_csv(shapes_file) if shapes_file else [_shape_from(**shape_kw)]
-    return shapes, space.SearchSpace(), timing
+    return shapes, space.SearchSpace(), {"max_time_s": 0.2, **override}
 
 
 def _shapes_csv(path: str) -> list[Shape]:
@@ -147,8 +146,8 @@ def _write_reports(df: pd.DataFrame, out_csv, out_md, header: str) -> None:
               help="offline: leave-one-out regret against this trials.csv (no GPU)")
 @click.option("--shapes", "shapes_file", type=click.Path(dir_okay=False), default=None,
               help="shapes to measure: a CSV with the shape columns or a grid YAML")
-@click.option("--max-time-s", type=float, default=0.2, show_default=True,
-              help="timing budget per config")
+@click.option("--max-time-s", type=float, default=None,
+              help="timing budget per config [default: the grid's, else 0.2]")
 @click.option("--backend", type=click.Choice(["cuda", "reference"]), default="cuda",
               show_default=True, help="what is timed: the kernel, or the PyTorch reference on the CPU")
 @click.option("--out-csv", type=click.Path(dir_okay=False), default=None)

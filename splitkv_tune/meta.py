@@ -14,9 +14,10 @@ from pathlib import Path
 
 import torch
 
+from splitkv_tune.paths import PACKAGE_DIR
 from splitkv_tune.table import atomic_write_text
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = PACKAGE_DIR.parent
 
 
 def make_run_id(now: _dt.datetime | None = None) -> str:

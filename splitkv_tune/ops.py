@@ -94,6 +94,10 @@ def _auto_fields(shape_fields: tuple, device_index: int) -> tuple:
     return c.num_splits, c.block_kv, c.reduce_threads, c.split_policy
 
 
+def _is_auto(value) -> bool:
+    return isinstance(value, str) and value == "auto"
+
+
 def resolve_config(shape: Shape, device_index: int, num_splits="auto", block_kv="auto",
                    reduce_threads="auto", split_policy="auto") -> Config:
     """Fill every ``"auto"`` tunable from the selector and validate the result.
@@ -103,7 +107,7 @@ def resolve_config(shape: Shape, device_index: int, num_splits="auto", block_kv=
     given = {"num_splits": num_splits, "block_kv": block_kv, "reduce_threads": reduce_threads,
              "split_policy": split_policy}
     for name, value in given.items():
-        if isinstance(value, str) and value == "auto":
+        if _is_auto(value):
             continue
         if name != "split_policy" and not isinstance(value, bool):
             try:
@@ -112,12 +116,12 @@ def resolve_config(shape: Shape, device_index: int, num_splits="auto", block_kv=
                 raise ValueError(f"{name} must be an integer or 'auto', got {value!r}") from None
         given[name] = value
         Config(**{name: value}).validate()
-    if any(isinstance(v, str) and v == "auto" for v in given.values()):
+    if any(_is_auto(v) for v in given.values()):
         fields = (shape.dtype, shape.head_dim, shape.batch, shape.q_heads, shape.kv_heads,
                   shape.q_len, shape.kv_len, shape.causal)
         auto = dict(zip(given, _auto_fields(fields, device_index)))
-        given = {k: auto[k] if isinstance(v, str) and v == "auto" else v for k, v in given.items()}
-        if num_splits == "auto" and isinstance(given["block_kv"], int):
+        given = {k: auto[k] if _is_auto(v) else v for k, v in given.items()}
+        if _is_auto(num_splits):
             cap = tunables.kv_blocks(shape, given["block_kv"])
             given["num_splits"] = max(1, min(given["num_splits"], cap))
     return Config(**given).validate()

@@ -13,8 +13,8 @@ the same integer arithmetic, so both choose identically):
    split count is interpolated through the split kernel's CTA count ``C = S * B*Hkv*m_blocks``:
    ``log2 C`` is the inverse-distance weighted mean of the neighbours' ``log2 C``, and ``S`` is
    the integer in ``[1, cap]`` whose log2 is nearest to ``log2 C - log2(B*Hkv*m_blocks)``
-   (ties -> smaller S) and ``cap = min(128, ceil(Sk / block_kv))``. ``block_kv``, ``reduce_threads`` and ``split_policy`` are the
-   nearest row's. Logs are fixed point (16 fractional bits) computed with integers only.
+   (ties -> smaller S) and ``cap = min(128, ceil(Sk / block_kv))``. ``block_kv``,
+   ``reduce_threads`` and ``split_policy`` are the nearest row's. Logs are fixed point (16 fractional bits) computed with integers only.
 3. **Analytic fallback** (no table rows for that dtype/head_dim/causal/tile height): the
    config of least modelled time (:func:`analytic_cost_ns`) over every ``block_kv`` that fits
    the GPU's shared memory and every ``S`` in ``[1, min(128, kv blocks)]``.
@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from splitkv_tune.paths import data_dir
 from splitkv_tune import tunables
 from splitkv_tune.gpus import GpuProfile, profile_for, resolve_gpu
+from splitkv_tune.paths import data_dir
 from splitkv_tune.table_schema import MAX_DIM, SHAPE_COLUMNS, TableError, validate_heuristics
 from splitkv_tune.tunables import Config, Shape, block_m_for, ceil_div, smem_bytes
 

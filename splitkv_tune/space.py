@@ -36,8 +36,8 @@ from typing import Any, Iterable
 
 import yaml
 
-from splitkv_tune.paths import data_dir
 from splitkv_tune import tunables
+from splitkv_tune.paths import data_dir
 from splitkv_tune.tunables import Config, Shape
 
 CONFIGS_DIR = data_dir("configs")

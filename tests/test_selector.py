@@ -152,3 +152,35 @@ def test_evaluate_times_every_rule_on_the_reference_backend(tmp_path):
         assert row[f"{rule}_us"] >= row["best_us"] > 0
         assert row[f"{rule}_regret"] == pytest.approx(row[f"{rule}_us"] / row["best_us"] - 1)
     assert "geometric-mean regret" in result.output
+
+
+def test_evaluate_takes_the_grid_timing_unless_overridden(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from splitkv_tune import evaluation
+    from splitkv_tune.cli_tables import evaluate
+    grid = tmp_path / "tiny.yaml"
+    grid.write_text(
+        "name: tiny\n"
+        "shapes:\n"
+        "  - {dtype: bf16, head_dim: 64, q_heads: 4, kv_heads: 2, batch: 1, q_len: 1, kv_len: 300}\n"
+        "space: {num_splits: [1, 2], block_kv: [64], reduce_threads: [128], split_policy: [blocks]}\n"
+        "timing: {warmup_s: 0.0, min_reps: 3, max_time_s: 0.01}\n")
+    seen = []
+
+    def fake_measure(shape, gpu, bench_kwargs, table, search_space):
+        seen.append((bench_kwargs, search_space.num_splits))
+        return {c: getattr(shape, c) for c in ("dtype", "head_dim", "batch", "q_heads",
+                                               "kv_heads", "q_len", "kv_len")} | {
+            "causal": 0, "best_us": 1.0, "selector_regret": 0.0, "fa2_regret": 0.0,
+            "s1_regret": 0.0}
+
+    monkeypatch.setattr(evaluation, "measure_shape", fake_measure)
+    base = ["--gpu", "h200", "--backend", "reference", "--shapes", str(grid),
+            "--table", str(FIXTURES / "heuristics.csv")]
+    for extra, want in (([], 0.01), (["--max-time-s", "0.5"], 0.5)):
+        result = CliRunner().invoke(evaluate, base + extra)
+        assert result.exit_code == 0, result.output
+        kwargs, splits = seen.pop()
+        assert kwargs["max_time_s"] == want and kwargs["min_reps"] == 3
+        assert kwargs["backend"] == "reference" and splits == (1, 2)
