@@ -279,6 +279,15 @@ class ShapeBench:
         self._reference: tuple[torch.Tensor, float] | None = None
         self._workspace_buffer: torch.Tensor | None = None
 
+    def resolve(self, config: Config) -> Config:
+        """``config`` with its ``"auto"`` fields filled as the launch fills them."""
+        if self.backend == "reference":
+            return resolve_auto(self.shape, config, self.num_sms).validate()
+        from splitkv_tune import ops
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        return ops.resolve_config(self.shape, index, config.num_splits, config.block_kv,
+                                  config.reduce_threads, config.split_policy)
+
     def launcher(self, config: Config, q, k, v) -> Callable[[], torch.Tensor]:
         """A zero-argument callable running ``config`` on one input set."""
         shape = self.shape

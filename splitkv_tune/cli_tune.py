@@ -133,9 +133,13 @@ def _grid_shapes(grid, dtypes, head_dims, patterns):
 @click.option("--no-check", is_flag=True, help="Skip the check against the reference.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False),
               help="Also write the rows here.")
+@click.option("--breakdown", is_flag=True,
+              help="Also trace each config's kernels: time each adds per call, and launch gaps "
+                   "(cuda backend).")
 @_timing_options
 def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, splits, block_kv,
-          reduce_threads, policy, backend, no_check, csv_path, warmup_s, min_reps, max_time_s):
+          reduce_threads, policy, backend, no_check, csv_path, breakdown, warmup_s, min_reps,
+          max_time_s):
     """Time one shape with one or several configs (the product of the lists)."""
     from splitkv_tune import bench as bench_mod
     from splitkv_tune import table
@@ -147,12 +151,18 @@ def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, spli
     configs = [Config(*values) for values in itertools.product(
         _parse_list(splits, "--splits", int), _parse_list(block_kv, "--block-kv", int),
         _parse_list(reduce_threads, "--reduce-threads", int), _parse_list(policy, "--policy", str))]
+    if breakdown and backend != "cuda":
+        raise click.UsageError("--breakdown traces CUDA kernels: it needs --backend cuda")
     _backend_or_exit(backend)
     timing = _timing(space.TIMING_DEFAULTS, warmup_s, min_reps, max_time_s)
     shape_bench = bench_mod.ShapeBench(shape, backend=backend, check=not no_check,
                                        num_sms=_num_sms(backend, None), **timing)
     copy_bw = bench_mod.copy_bandwidth_gbps(shape_bench.device, **timing)
     rows = []
+    try:
+        configs = list(dict.fromkeys(shape_bench.resolve(c) for c in configs))
+    except ValueError as err:
+        raise click.UsageError(f"bad config: {err}")
     for config in configs:
         result = shape_bench.measure(config)
         gbps = result.gbps(shape.bytes_moved())
@@ -170,6 +180,22 @@ def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, spli
     click.echo(shown.to_string(index=False, float_format=lambda x: f"{x:.2f}", na_rep="-"))
     if csv_path:
         table.atomic_write_csv(csv_path, frame)
+    if breakdown:
+        _print_breakdowns(shape_bench, configs, frame)
+
+
+def _print_breakdowns(shape_bench, configs, frame) -> None:
+    """One kernel-time table per config that ran correctly."""
+    from splitkv_tune import breakdown as breakdown_mod
+    import pandas as pd
+
+    for config, status in zip(configs, frame["status"]):
+        if status != "ok":
+            continue
+        rows = pd.DataFrame(breakdown_mod.config_breakdown(shape_bench, config))
+        rows["share"] = (100 * rows["share"]).map(lambda x: f"{x:.1f}%")
+        click.echo(f"\nkernels of {config}:")
+        click.echo(rows.to_string(index=False, float_format=lambda x: f"{x:.2f}", na_rep="-"))
 
 
 @click.command()

@@ -8,13 +8,14 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from splitkv_tune import bench, space
+from splitkv_tune import bench, space, tunables
 from splitkv_tune.cli_tune import bench as bench_cmd
 from splitkv_tune.cli_tune import env as env_cmd
 from splitkv_tune.cli_tune import sweep as sweep_cmd
 from splitkv_tune.cli_tune import table as table_cmd
 from splitkv_tune.table import TRIALS_COLUMNS
 from splitkv_tune.table_schema import CONFIG_COLUMNS, HEURISTICS_COLUMNS, SHAPE_COLUMNS
+from splitkv_tune.tunables import Shape
 
 TINY_GRID = {
     "name": "tiny",
@@ -204,8 +205,17 @@ def test_bench_command_on_reference_backend(tmp_path):
         "--csv", str(csv)])
     assert result.exit_code == 0, result.output
     frame = pd.read_csv(csv)
-    assert len(frame) == 3 and (frame.status == "ok").all()
+    # "auto" is shown as the config it resolves to (FA2's split count on this backend);
+    # a duplicate of a listed config is measured once.
+    auto_splits = tunables.fa2_num_splits(Shape("bf16", 64, 1, 4, 2, 1, 256), 132)
+    assert sorted(frame.num_splits) == sorted({1, 2, auto_splits})
+    assert (frame.status == "ok").all() and (frame.block_kv == 64).all()
     assert "pct_copy_bw" in frame.columns and "GB/s" in result.output
+
+
+def test_bench_breakdown_needs_the_cuda_backend():
+    result = CliRunner().invoke(bench_cmd, ["--backend", "reference", "--breakdown"])
+    assert result.exit_code == 2 and "--backend cuda" in result.output
 
 
 def test_bench_command_rejects_bad_values():

@@ -92,7 +92,9 @@ struct CombineKernelTraits {
   static constexpr int kThreadsPerRow = kHeadDim / 4;  // one float4 of O per thread
   static_assert(32 % kThreadsPerRow == 0, "a row's threads stay inside one warp");
   static constexpr int kRowsPerBlock = kThreads / kThreadsPerRow;
-  static constexpr int kSmemBytes = 4 * kRowsPerBlock * kMaxSplits;
+  // Splits whose loads one thread issues together: enough to cover the usual S in one
+  // round trip, few enough that 16 float4 stay in registers.
+  static constexpr int kSplitsPerBatch = 16;
 };
 
 }  // namespace splitkv
