@@ -23,13 +23,13 @@ case "${1:-}" in
     timeout 420 splitkv-tune sweep --gpu "$flag" --grid quick --no-progress 2>&1 | tail -25 | tee "$out/sweep.log"
     [ -n "${SKIP_EVALUATE:-}" ] || timeout 240 splitkv-tune evaluate --gpu "$flag" --shapes configs/evaluate.yaml \
       --out-csv results/$gpu/evaluate_gpu.csv --out-md results/$gpu/evaluate_gpu.md 2>&1 | tail -20 | tee "$out/evaluate.log"
+    tar czf "$out/results.tgz" results/$gpu
     # Kernel time per call at the table's config (issue 2: the combine kernel's share).
     for s in "1 8 1 4096" "1 8 1 16384" "1 8 1 65536" "1 32 1 4096" "4 8 1 4096" "4 8 1 16384" "1 8 4 16384" \
              "1 8 16 16384 --causal"; do
       set -- $s
       timeout 60 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 ${5:-} --breakdown 2>&1 | tail -12
     done | tee "$out/breakdown.log"
-    tar czf "$out/results.tgz" results/$gpu
     ;;
   compare)
     timeout 300 splitkv-tune compare --grid quick --table results/$gpu/heuristics.csv --out results/$gpu/compare \
