@@ -43,10 +43,14 @@ def _git(*args: str) -> str | None:
 
 
 def git_info() -> dict:
-    """Commit of the working tree; ``SPLITKV_GIT_SHA`` names it where the tree has no .git."""
-    sha = _git("rev-parse", "HEAD") or os.environ.get("SPLITKV_GIT_SHA")
+    """Commit of the working tree. ``SPLITKV_GIT_SHA`` overrides it, for copies of a tree whose
+    .git is absent or stale (a GPU host's copy); their dirty state is then unknown."""
+    override = os.environ.get("SPLITKV_GIT_SHA")
+    if override:
+        return {"git_sha": override, "git_dirty": None}
     status = _git("status", "--porcelain", "--untracked-files=no")
-    return {"git_sha": sha, "git_dirty": bool(status) if status is not None else None}
+    return {"git_sha": _git("rev-parse", "HEAD"),
+            "git_dirty": bool(status) if status is not None else None}
 
 
 def _nvml_info(index: int) -> dict:

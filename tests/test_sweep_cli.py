@@ -248,3 +248,11 @@ def test_second_study_prefix_in_one_out_dir_keeps_the_first_runs_rows(grid, tmp_
     trials = read_trials(out)
     assert len(trials) == 2 * first
     assert trials.study.str.startswith("again:").sum() == first
+
+
+def test_git_sha_variable_overrides_a_stale_checkout(monkeypatch):
+    from splitkv_tune import meta
+    monkeypatch.setenv("SPLITKV_GIT_SHA", "0123abc")
+    assert meta.git_info() == {"git_sha": "0123abc", "git_dirty": None}
+    monkeypatch.delenv("SPLITKV_GIT_SHA")
+    assert meta.git_info()["git_sha"] != "0123abc"
