@@ -56,12 +56,14 @@ class CostModel:
 
     launch_ns: int = 2000              # one kernel launch, ramp-up and tail
     tile_ns: int = 600                 # per CTA: Q tile load, pipeline fill, epilogue
-    mem_latency_ns: int = 700          # DRAM latency a CTA's loads in flight must cover
+    mem_latency_ns: int = 700          # DRAM latency of the combine's first loads
+    cta_stream_mbps: int = 42500       # bytes/µs one CTA streams (H200, 2026-11-29 sweeps)
     ctas_per_sm: int = 2               # register-limited residency (smem may lower it)
     mma_flop_per_ns_per_sm: int = 2000  # achieved mma.sync throughput of one SM
     l2_speedup_pct: int = 250          # combine reading partials still in L2
     combine_split_ns: int = 15         # serial merge cost per split in the combine kernel
-    block_ns: int = 40                 # per KV block a CTA walks: barriers, softmax rescale
+    block_ns: int = 230                # per KV block a CTA walks: barriers, softmax, MMAs
+    tie_pct: int = 1                   # modelled gains below this are not worth more splits
 
 
 MODEL = CostModel()
@@ -219,12 +221,15 @@ def analytic_cost_ns(shape: Shape, num_splits: int, block_kv: int, profile: GpuP
 
     Split kernel: ``C = B*Hkv*m_blocks*S`` CTAs run in waves of ``slots = SMs * residency``
     (residency = ``min(ctas_per_sm, smem_per_sm // smem)``); full waves and the tail wave are
-    timed apart (wave quantisation). A CTA streams ``ceil(blocks/S)*block_kv`` keys of K and V
-    at ``min(in-flight bytes / latency, copy bandwidth / CTAs running)`` or computes its MMAs,
-    whichever is longer, plus a fixed per-CTA cost and a per-KV-block cost. Combine (``S > 1``): a second launch,
-    one memory latency, the workspace read and the output written at copy bandwidth (x2.5
-    when the workspace fits in half the L2, where the split kernel just wrote it), and a
-    serial per-split merge term.
+    timed apart (wave quantisation). A CTA walks ``ceil(blocks/S)`` KV blocks; alone on an SM
+    it streams one block in ``block_ns`` plus the block's bytes at ``cta_stream_mbps`` (the
+    loop is issue-bound, not latency-bound: measured on the H200, one CTA reads ~32 GB/s at
+    block_kv 64 and ~37 GB/s at 128, and a second CTA on the SM adds almost nothing). CTAs on
+    one SM share that rate, all CTAs share the copy bandwidth, and a CTA takes the longer of
+    its streaming and its MMAs, plus a fixed per-CTA cost. Combine (``S > 1``): a second
+    launch, one memory latency, the workspace read and the output written at copy bandwidth
+    (x2.5 when the workspace fits in half the L2, where the split kernel just wrote it), and
+    a serial per-split merge term.
 
     >>> p = profile_for("h200")
     >>> s = Shape("bf16", 128, 1, 32, 8, 1, 16384)
@@ -242,12 +247,17 @@ def analytic_cost_ns(shape: Shape, num_splits: int, block_kv: int, profile: GpuP
     sms, bw = profile.sms, int(round(profile.copy_bw_gbps * 1000))  # MB/s = bytes per us
     slots = sms * max(1, min(model.ctas_per_sm,
                              profile.smem_per_sm // smem_bytes(d, block_kv, bm)))
-    cta_bw = tunables.KV_STAGES * block_kv * d * 2 * 1000 // model.mem_latency_ns
+    # One CTA streams a KV block in a fixed per-block time plus its bytes at the CTA's peak
+    # rate (measured: ~32 GB/s at block_kv 64, ~37 GB/s at 128 for D=128 on an H200).
+    tile_bytes = block_kv * d * 4
+    cta_bw = tile_bytes * 1000 // (model.block_ns + tile_bytes * 1000 // model.cta_stream_mbps)
 
     def wave(active: int) -> int:
-        mem = cta_bytes * 1000 // max(1, min(cta_bw, bw // active))
+        # CTAs sharing an SM share its issue rate; all share the DRAM bandwidth.
+        rate = min(cta_bw // ceil_div(active, sms), bw // active)
+        mem = cta_bytes * 1000 // max(1, rate)
         comp = cta_flops * ceil_div(active, sms) // model.mma_flop_per_ns_per_sm
-        return model.tile_ns + max(mem, comp) + ceil_div(keys, block_kv) * model.block_ns
+        return model.tile_ns + max(mem, comp)
 
     full, tail = divmod(ctas, slots)
     t = model.launch_ns + full * wave(slots) + (wave(tail) if tail else 0)
@@ -261,8 +271,9 @@ def analytic_cost_ns(shape: Shape, num_splits: int, block_kv: int, profile: GpuP
 
 
 def analytic_config(shape: Shape, profile: GpuProfile, model: CostModel = MODEL) -> Config:
-    """Least modelled time over block_kv (ascending, fitting smem) then S (ascending); ties keep
-    the first found.
+    """The fewest splits, then the largest block_kv (fitting smem), whose modelled time is
+    within ``model.tie_pct`` percent of the least: as the table builder does with measured
+    ties, since a gain that small is inside the model's error.
 
     >>> analytic_config(Shape("bf16", 128, 1, 32, 8, 1, 16384), profile_for("h200")).num_splits > 1
     True
@@ -270,15 +281,15 @@ def analytic_config(shape: Shape, profile: GpuProfile, model: CostModel = MODEL)
     1
     """
     bm = block_m_for(shape.packed_rows)
-    best, best_t = None, None
+    costs = {}  # (splits, -block_kv) -> modelled ns
     for bkv in tunables.BLOCK_KV:
         if smem_bytes(shape.head_dim, bkv, bm) > profile.smem_per_block and bkv != tunables.BLOCK_KV[0]:
             continue
         for s in range(1, min(tunables.MAX_SPLITS, ceil_div(shape.kv_len, bkv)) + 1):
-            t = analytic_cost_ns(shape, s, bkv, profile, model)
-            if best_t is None or t < best_t:
-                best, best_t = (s, bkv), t
-    return Config(best[0], best[1], 128, "blocks")
+            costs[(s, -bkv)] = analytic_cost_ns(shape, s, bkv, profile, model)
+    least = min(costs.values())
+    s, neg_bkv = min(k for k, t in costs.items() if t * 100 <= least * (100 + model.tie_pct))
+    return Config(s, -neg_bkv, 128, "blocks")
 
 
 def _profiles(gpu, table: HeuristicTable | None):

@@ -64,7 +64,7 @@ constexpr std::int64_t kSms = 132, kCopyBwMBps = 4260000, kL2Bytes = 62914560, k
 constexpr std::int64_t kLaunchNs = 2000, kTileNs = 600, kMemLatencyNs = 700,
     kCtasPerSm = 2, kMmaFlopPerNsPerSm = 2000,
     kL2SpeedupPct = 250, kCombineSplitNs = 15,
-    kBlockNs = 40;
+    kBlockNs = 230, kCtaStreamMBps = 42500, kTiePct = 1;
 constexpr int kBlockKv[] = {32, 64, 128};
 constexpr int kNumBlockKv = 3;
 constexpr std::int64_t kMaxSplits = 128, kKvStages = 2, kMaxDim = 2147483647;
@@ -111,11 +111,13 @@ inline std::int64_t cost_ns(const Shape& s, std::int64_t splits, std::int64_t bk
   std::int64_t cta_bytes = keys * s.d * 4 + rows * s.d * 2 + out;
   std::int64_t cta_flops = 4 * bm * keys * s.d;
   std::int64_t slots = kSms * max64(1, min64(kCtasPerSm, kFbSmemPerSm / smem_bytes(s.d, bkv, bm)));
-  std::int64_t cta_bw = kKvStages * bkv * s.d * 2 * 1000 / kMemLatencyNs;
+  std::int64_t tile_bytes = bkv * s.d * 4;
+  std::int64_t cta_bw = tile_bytes * 1000 / (kBlockNs + tile_bytes * 1000 / kCtaStreamMBps);
   auto wave = [&](std::int64_t active) {
-    std::int64_t mem = cta_bytes * 1000 / max64(1, min64(cta_bw, kCopyBwMBps / active));
+    std::int64_t rate = min64(cta_bw / ceil_div(active, kSms), kCopyBwMBps / active);
+    std::int64_t mem = cta_bytes * 1000 / max64(1, rate);
     std::int64_t comp = cta_flops * ceil_div(active, kSms) / kMmaFlopPerNsPerSm;
-    return kTileNs + max64(mem, comp) + ceil_div(keys, bkv) * kBlockNs;
+    return kTileNs + max64(mem, comp);
   };
   std::int64_t full = ctas / slots, tail = ctas % slots;
   std::int64_t t = kLaunchNs + full * wave(slots) + (tail ? wave(tail) : 0);
@@ -144,18 +146,26 @@ inline Config finalize(Config c, const Shape& s, bool check_smem, std::int64_t s
 
 inline Config analytic(const Shape& s) {
   int bm = block_m_for(s.sq * (s.hq / s.hkv));
-  std::int64_t best_t = -1;
-  Config best{1, kBlockKv[0], 128, kBlocks};
+  auto fits = [&](int i) { return i == 0 || smem_bytes(s.d, kBlockKv[i], bm) <= kFbSmemPerBlock; };
+  std::int64_t least = -1;
   for (int i = 0; i < kNumBlockKv; ++i) {
-    std::int64_t bkv = kBlockKv[i];
-    if (smem_bytes(s.d, bkv, bm) > kFbSmemPerBlock && i != 0) continue;
-    std::int64_t top = min64(kMaxSplits, ceil_div(s.sk, bkv));
+    if (!fits(i)) continue;
+    std::int64_t top = min64(kMaxSplits, ceil_div(s.sk, kBlockKv[i]));
     for (std::int64_t sp = 1; sp <= top; ++sp) {
-      std::int64_t t = cost_ns(s, sp, bkv);
-      if (best_t < 0 || t < best_t) { best_t = t; best = Config{static_cast<int>(sp), static_cast<int>(bkv), 128, kBlocks}; }
+      std::int64_t t = cost_ns(s, sp, kBlockKv[i]);
+      if (least < 0 || t < least) least = t;
     }
   }
-  return best;
+  // The fewest splits, then the largest block, within kTiePct of the least.
+  for (std::int64_t sp = 1; sp <= kMaxSplits; ++sp) {
+    for (int i = kNumBlockKv - 1; i >= 0; --i) {
+      if (!fits(i) || sp > ceil_div(s.sk, kBlockKv[i])) continue;
+      if (cost_ns(s, sp, kBlockKv[i]) * 100 <= least * (100 + kTiePct)) {
+        return Config{static_cast<int>(sp), kBlockKv[i], 128, kBlocks};
+      }
+    }
+  }
+  return Config{1, kBlockKv[0], 128, kBlocks};
 }
 
 inline int compare_key(const Row& r, int dtype, int d, int causal, const Shape& s) {
