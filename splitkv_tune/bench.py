@@ -119,7 +119,11 @@ def _time_wallclock(fns, warmup_s, min_reps, max_time_s) -> Timing:
     return Timing.from_samples(samples, "wallclock", len(fns))
 
 
-def _capture_graph(fns, repeat: int, device) -> "torch.cuda.CUDAGraph":
+def capture_graph(fns, device) -> tuple["torch.cuda.CUDAGraph", int]:
+    """The graph every CUDA timing replays: ``fns`` repeated to at least
+    ``MIN_LAUNCHES_PER_GRAPH`` launches, after one warm-up pass on a side stream.
+    Returns the graph and the launches it holds."""
+    repeat = max(1, math.ceil(MIN_LAUNCHES_PER_GRAPH / len(fns)))
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
@@ -133,7 +137,7 @@ def _capture_graph(fns, repeat: int, device) -> "torch.cuda.CUDAGraph":
             for fn in fns:
                 fn()
     torch.cuda.synchronize(device)
-    return graph
+    return graph, repeat * len(fns)
 
 
 def _time_cuda(fns, device, warmup_s, min_reps, max_time_s, method) -> Timing:
@@ -141,10 +145,9 @@ def _time_cuda(fns, device, warmup_s, min_reps, max_time_s, method) -> Timing:
     launches = len(fns)
     used = "cuda_events"
     if method in ("auto", "cuda_graph"):
-        repeat = max(1, math.ceil(MIN_LAUNCHES_PER_GRAPH / len(fns)))
         try:
-            graph = _capture_graph(fns, repeat, device)
-            run, launches, used = graph.replay, repeat * len(fns), "cuda_graph"
+            graph, launches = capture_graph(fns, device)
+            run, used = graph.replay, "cuda_graph"
         except RuntimeError:
             if method == "cuda_graph":
                 raise
@@ -293,7 +296,7 @@ class ShapeBench:
         shape = self.shape
         if self.backend == "reference":
             from splitkv_tune import reference
-            c = resolve_auto(shape, config, self.num_sms)
+            c = self.resolve(config)
             return lambda: reference.splitkv_attention_ref(
                 q, k, v, causal=shape.causal, softmax_scale=self.scale,
                 num_splits=c.num_splits, block_kv=c.block_kv, split_policy=c.split_policy)

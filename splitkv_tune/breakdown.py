@@ -79,19 +79,14 @@ def breakdown_rows(spans: Sequence[KernelSpan], calls: int, per_call_us: float) 
 
 
 def trace_graph(fns: Sequence[Callable[[], object]], device, replays: int = 10) -> tuple[
-        list[KernelSpan], int, float]:
-    """Replay the timed graph of ``fns`` under the profiler.
-
-    Returns the kernel spans, the number of calls traced and the per-call time of the same
-    graph timed without the profiler (``bench.time_callable``).
-    """
+        list[KernelSpan], int]:
+    """Replay the graph ``bench`` times for ``fns`` under the profiler; returns the kernel
+    spans and the number of calls traced."""
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError("a kernel breakdown needs the cuda backend and a CUDA device")
-    timing = bench.time_callable(fns, device=device, method="cuda_graph")
-    repeat = max(1, -(-bench.MIN_LAUNCHES_PER_GRAPH // len(fns)))
     with torch.inference_mode():
-        graph = bench._capture_graph(list(fns), repeat, device)
+        graph, launches = bench.capture_graph(list(fns), device)
         graph.replay()
         torch.cuda.synchronize(device)
         activities = [torch.profiler.ProfilerActivity.CUDA]
@@ -104,11 +99,12 @@ def trace_graph(fns: Sequence[Callable[[], object]], device, replays: int = 10) 
              and not e.name.startswith(("Memcpy", "Memset"))]
     if not spans:
         raise RuntimeError("the profiler recorded no kernel (is CUPTI available?)")
-    return spans, replays * repeat * len(fns), timing.median_us
+    return spans, replays * launches
 
 
-def config_breakdown(shape_bench: "bench.ShapeBench", config) -> list[dict]:
-    """Breakdown rows of one config on the inputs ``shape_bench`` times."""
+def config_breakdown(shape_bench: "bench.ShapeBench", config, per_call_us: float) -> list[dict]:
+    """Breakdown rows of one config on the inputs ``shape_bench`` times; shares are of
+    ``per_call_us``, the config's measured (untraced) time per call."""
     fns = [shape_bench.launcher(config, *qkv) for qkv in shape_bench.inputs]
-    spans, calls, per_call_us = trace_graph(fns, shape_bench.device)
+    spans, calls = trace_graph(fns, shape_bench.device)
     return breakdown_rows(spans, calls, per_call_us)

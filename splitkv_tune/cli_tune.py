@@ -189,10 +189,10 @@ def _print_breakdowns(shape_bench, configs, frame) -> None:
     from splitkv_tune import breakdown as breakdown_mod
     import pandas as pd
 
-    for config, status in zip(configs, frame["status"]):
+    for config, status, per_call_us in zip(configs, frame["status"], frame["median_us"]):
         if status != "ok":
             continue
-        rows = pd.DataFrame(breakdown_mod.config_breakdown(shape_bench, config))
+        rows = pd.DataFrame(breakdown_mod.config_breakdown(shape_bench, config, per_call_us))
         rows["share"] = (100 * rows["share"]).map(lambda x: f"{x:.1f}%")
         click.echo(f"\nkernels of {config}:")
         click.echo(rows.to_string(index=False, float_format=lambda x: f"{x:.2f}", na_rep="-"))

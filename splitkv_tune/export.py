@@ -249,21 +249,20 @@ inline Config finalize(Config c, const Shape& s, bool check_smem, std::int64_t s
 
 inline Config analytic(const Shape& s) {
   int bm = block_m_for(s.sq * (s.hq / s.hkv));
-  auto fits = [&](int i) { return i == 0 || smem_bytes(s.d, kBlockKv[i], bm) <= kFbSmemPerBlock; };
+  std::int64_t cost[kNumBlockKv][kMaxSplits + 1] = {};  // 0: block too large, or S past its blocks
   std::int64_t least = -1;
   for (int i = 0; i < kNumBlockKv; ++i) {
-    if (!fits(i)) continue;
+    if (i != 0 && smem_bytes(s.d, kBlockKv[i], bm) > kFbSmemPerBlock) continue;
     std::int64_t top = min64(kMaxSplits, ceil_div(s.sk, kBlockKv[i]));
     for (std::int64_t sp = 1; sp <= top; ++sp) {
-      std::int64_t t = cost_ns(s, sp, kBlockKv[i]);
-      if (least < 0 || t < least) least = t;
+      cost[i][sp] = cost_ns(s, sp, kBlockKv[i]);
+      if (least < 0 || cost[i][sp] < least) least = cost[i][sp];
     }
   }
   // The fewest splits, then the largest block, within kTiePct of the least.
   for (std::int64_t sp = 1; sp <= kMaxSplits; ++sp) {
     for (int i = kNumBlockKv - 1; i >= 0; --i) {
-      if (!fits(i) || sp > ceil_div(s.sk, kBlockKv[i])) continue;
-      if (cost_ns(s, sp, kBlockKv[i]) * 100 <= least * (100 + kTiePct)) {
+      if (cost[i][sp] > 0 && cost[i][sp] * 100 <= least * (100 + kTiePct)) {
         return Config{static_cast<int>(sp), kBlockKv[i], 128, kBlocks};
       }
     }

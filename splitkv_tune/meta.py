@@ -14,10 +14,8 @@ from pathlib import Path
 
 import torch
 
-from splitkv_tune.paths import PACKAGE_DIR
+from splitkv_tune.paths import SOURCE_ROOT
 from splitkv_tune.table import atomic_write_text
-
-REPO_ROOT = PACKAGE_DIR.parent
 
 
 def make_run_id(now: _dt.datetime | None = None) -> str:
@@ -35,7 +33,7 @@ def _package_version(name: str) -> str | None:
 
 def _git(*args: str) -> str | None:
     try:
-        result = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+        result = subprocess.run(["git", *args], cwd=SOURCE_ROOT, capture_output=True, text=True,
                                 timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
         return None

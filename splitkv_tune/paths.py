@@ -2,9 +2,10 @@
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+SOURCE_ROOT = PACKAGE_DIR.parent  # the checkout, for an editable install
 
 
 def data_dir(name: str) -> Path:
     """``configs`` or ``results``: ``splitkv_tune/data/<name>`` in a wheel, ``<repo>/<name>`` in a checkout."""
     packaged = PACKAGE_DIR / "data" / name
-    return packaged if packaged.is_dir() else PACKAGE_DIR.parent / name
+    return packaged if packaged.is_dir() else SOURCE_ROOT / name

@@ -15,9 +15,10 @@ the same integer arithmetic, so both choose identically):
    the integer in ``[1, cap]`` whose log2 is nearest to ``log2 C - log2(B*Hkv*m_blocks)``
    (ties -> smaller S) and ``cap = min(128, ceil(Sk / block_kv))``. ``block_kv``,
    ``reduce_threads`` and ``split_policy`` are the nearest row's. Logs are fixed point (16 fractional bits) computed with integers only.
-3. **Analytic fallback** (no table rows for that dtype/head_dim/causal/tile height): the
-   config of least modelled time (:func:`analytic_cost_ns`) over every ``block_kv`` that fits
-   the GPU's shared memory and every ``S`` in ``[1, min(128, kv blocks)]``.
+3. **Analytic fallback** (no table rows for that dtype/head_dim/causal/tile height): over
+   every ``block_kv`` that fits the GPU's shared memory and every ``S`` in
+   ``[1, min(128, kv blocks)]``, the fewest splits, then the largest block, whose modelled
+   time (:func:`analytic_cost_ns`) is within ``CostModel.tie_pct`` of the least.
 
 Every result is finalised the same way: ``block_kv`` lowered while its smem exceeds the GPU
 profile's per-block shared memory (only when the profile is known), then ``S`` capped at

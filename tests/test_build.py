@@ -26,7 +26,7 @@ def test_generated_files_match_tunables():
 
 
 def test_every_instantiation_is_generated():
-    names = {p.name for p in (ROOT / "kernels" / "instantiations").glob("*.cu")}
+    names = {p.name for p in codegen.INST_DIR.glob("*.cu")}
     for dt, hd, bm, bkv in codegen.split_instances():
         assert f"split_{dt}_hd{hd}_bm{bm}_bkv{bkv}.cu" in names
     assert len(names) == len(codegen.split_instances()) + len(tunables.DTYPES) * len(tunables.HEAD_DIMS)
@@ -42,7 +42,7 @@ def _cutlass_include():
 
 
 def _compile_inputs():
-    inst = ROOT / "kernels" / "instantiations"
+    inst = codegen.INST_DIR
     return [inst / "split_bf16_hd128_bm16_bkv64.cu", inst / "split_fp16_hd64_bm64_bkv32.cu",
             inst / "combine_bf16_hd128.cu", ROOT / "kernels" / "dispatch.cu"]
 

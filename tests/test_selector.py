@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from splitkv_tune import selector
-from splitkv_tune.evaluation import evaluate_trials, fallback_vs_fa2
+from splitkv_tune.evaluation import evaluate_trials, fallback_vs_fa2, shape_of
 from splitkv_tune.gpus import profile_for
 from splitkv_tune.selector import (HeuristicTable, auto_config, load_table_for_gpu, select_config,
                                    select_shape)
@@ -52,12 +52,8 @@ def test_interpolation_between_rows(table):
     sel = select_config(table, kv_len=5000, **kw)
     assert sel.kind == "interpolated" and "interpolated from rows #" in sel.reason
     # The CTA count S * B*Hkv*m_blocks lands between the neighbours' CTA counts.
-    ctas = []
-    for i in sel.rows:
-        row = table.frame.iloc[i]
-        row_shape = Shape(row["dtype"], int(row["head_dim"]), int(row["batch"]), int(row["q_heads"]),
-                          int(row["kv_heads"]), int(row["q_len"]), int(row["kv_len"]))
-        ctas.append(int(row["num_splits"]) * selector._work(row_shape)[1])
+    ctas = [int(table.frame.iloc[i]["num_splits"]) * selector._work(shape_of(table.frame.iloc[i]))[1]
+            for i in sel.rows]
     per_split = selector._work(Shape("bf16", 128, 1, 32, 8, 1, 5000))[1]
     assert min(ctas) // per_split <= sel.config.num_splits <= -(-max(ctas) // per_split)
     # Same work dimensions as a row (B*Hkv, Sk, Sq*G) -> that row's config.
@@ -149,18 +145,24 @@ def test_fallback_beats_fa2_on_measured_h200_trials(path):
     assert res["fallback"]["max"] <= res["fa2"]["max"]
 
 
-def test_evaluate_times_every_rule_on_the_reference_backend(tmp_path):
-    """The measured evaluate path, run on the CPU: each rule's time comes from the same sweep."""
-    from click.testing import CliRunner
-
-    from splitkv_tune.cli_tables import evaluate
+def _tiny_grid(tmp_path, splits: str, max_time_s: float):
+    """A one-shape grid YAML for the measured evaluate path."""
     grid = tmp_path / "tiny.yaml"
     grid.write_text(
         "name: tiny\n"
         "shapes:\n"
         "  - {dtype: bf16, head_dim: 64, q_heads: 4, kv_heads: 2, batch: 1, q_len: 1, kv_len: 300}\n"
-        "space: {num_splits: [1, 2, 4], block_kv: [64], reduce_threads: [128], split_policy: [blocks]}\n"
-        "timing: {warmup_s: 0.0, min_reps: 3, max_time_s: 0.0}\n")
+        f"space: {{num_splits: {splits}, block_kv: [64], reduce_threads: [128], split_policy: [blocks]}}\n"
+        f"timing: {{warmup_s: 0.0, min_reps: 3, max_time_s: {max_time_s}}}\n")
+    return grid
+
+
+def test_evaluate_times_every_rule_on_the_reference_backend(tmp_path):
+    """The measured evaluate path, run on the CPU: each rule's time comes from the same sweep."""
+    from click.testing import CliRunner
+
+    from splitkv_tune.cli_tables import evaluate
+    grid = _tiny_grid(tmp_path, "[1, 2, 4]", max_time_s=0.0)
     out = tmp_path / "ev.csv"
     result = CliRunner().invoke(evaluate, ["--gpu", "h200", "--backend", "reference", "--shapes",
                                            str(grid), "--table", str(FIXTURES / "heuristics.csv"),
@@ -178,13 +180,7 @@ def test_evaluate_takes_the_grid_timing_unless_overridden(tmp_path, monkeypatch)
 
     from splitkv_tune import evaluation
     from splitkv_tune.cli_tables import evaluate
-    grid = tmp_path / "tiny.yaml"
-    grid.write_text(
-        "name: tiny\n"
-        "shapes:\n"
-        "  - {dtype: bf16, head_dim: 64, q_heads: 4, kv_heads: 2, batch: 1, q_len: 1, kv_len: 300}\n"
-        "space: {num_splits: [1, 2], block_kv: [64], reduce_threads: [128], split_policy: [blocks]}\n"
-        "timing: {warmup_s: 0.0, min_reps: 3, max_time_s: 0.01}\n")
+    grid = _tiny_grid(tmp_path, "[1, 2]", max_time_s=0.01)
     seen = []
 
     def fake_measure(shape, gpu, bench_kwargs, table, search_space):

@@ -256,3 +256,13 @@ def test_git_sha_variable_overrides_a_stale_checkout(monkeypatch):
     assert meta.git_info() == {"git_sha": "0123abc", "git_dirty": None}
     monkeypatch.delenv("SPLITKV_GIT_SHA")
     assert meta.git_info()["git_sha"] != "0123abc"
+
+
+def test_breakdown_shares_are_of_the_measured_call(monkeypatch):
+    from splitkv_tune import breakdown
+    spans = [breakdown.KernelSpan("split", 0.0, 8.0), breakdown.KernelSpan("combine", 8.0, 10.0)]
+    monkeypatch.setattr(breakdown, "trace_graph", lambda fns, device: (spans, 1))
+    shape_bench = bench.ShapeBench(Shape("bf16", 64, 1, 4, 2, 1, 256), backend="reference")
+    rows = breakdown.config_breakdown(shape_bench, tunables.Config(2, 64, 128, "blocks"), 12.5)
+    assert [r["kernel"] for r in rows] == ["split", "combine", "(gaps)"]
+    assert [r["share"] for r in rows] == pytest.approx([0.64, 0.16, 0.2])
