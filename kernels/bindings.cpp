@@ -79,6 +79,7 @@ void split_forward(const py::dict& d) {
   p.softmax_scale = get<float>(d, "softmax_scale");
   p.scale_log2 = p.softmax_scale * 1.4426950408889634f;
   p.causal = get<bool>(d, "causal");
+  p.cluster_merge = get<bool>(d, "cluster_merge");
   p.split_policy = static_cast<SplitPolicy>(get<int>(d, "split_policy"));
   const auto dtype = static_cast<DType>(get<int>(d, "dtype"));
   const int head_dim = get<int>(d, "head_dim");
@@ -118,6 +119,7 @@ py::dict compiled_tunables() {
   d["block_m"] = as_tuple(kBlockMs);
   d["reduce_threads"] = as_tuple(kReduceThreads);
   d["max_splits"] = kMaxSplits;
+  d["max_cluster_splits"] = kMaxClusterSplits;
   d["kv_stages"] = kKVStages;
   d["num_warps"] = kNumWarps;
   d["workspace_align"] = kWorkspaceAlign;
@@ -133,5 +135,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("split_smem_bytes", [](int dtype, int head_dim, int block_m, int block_kv) {
     return split_smem_bytes(static_cast<DType>(dtype), head_dim, block_m, block_kv);
   });
+  m.def("split_cluster_fits", [](int dtype, int head_dim, int block_m, int block_kv, int num_splits) {
+    return split_cluster_fits(static_cast<DType>(dtype), head_dim, block_m, block_kv, num_splits);
+  }, "Whether the split kernel can run as clusters of num_splits CTAs on the current device");
   m.def("compiled_tunables", &compiled_tunables, "The tunables this module was generated from");
 }

@@ -267,9 +267,12 @@ class ShapeBench:
 
     def __init__(self, shape: Shape, *, backend: str = "cuda", device=None,
                  warmup_s: float = 0.05, min_reps: int = 20, max_time_s: float = 0.2,
-                 check: bool = True, seed: int = 0, num_sms: int = 132):
+                 check: bool = True, seed: int = 0, num_sms: int = 132, merge: str = "auto"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if merge not in tunables.MERGES:
+            raise ValueError(f"merge must be one of {tunables.MERGES}, got {merge!r}")
+        self.merge = merge
         self.shape = shape.validate()
         self.backend = backend
         self.device = torch.device(device) if device is not None else default_device(backend)
@@ -291,6 +294,15 @@ class ShapeBench:
         return ops.resolve_config(self.shape, index, config.num_splits, config.block_kv,
                                   config.reduce_threads, config.split_policy)
 
+    def resolve_merge(self, config: Config) -> str:
+        """How the launch of ``config`` merges its partials (``ops.resolve_merge``)."""
+        c = self.resolve(config)
+        if self.backend == "reference":
+            return "none" if c.num_splits == 1 else "reference"
+        from splitkv_tune import ops
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        return ops.resolve_merge(self.shape, c, index, self.merge)
+
     def launcher(self, config: Config, q, k, v) -> Callable[[], torch.Tensor]:
         """A zero-argument callable running ``config`` on one input set."""
         shape = self.shape
@@ -308,7 +320,7 @@ class ShapeBench:
             q, k, v, causal=shape.causal, softmax_scale=self.scale,
             num_splits=config.num_splits, block_kv=config.block_kv,
             reduce_threads=config.reduce_threads, split_policy=config.split_policy,
-            workspace=workspace)
+            merge=self.merge, workspace=workspace)
 
     def _workspace(self, nbytes: int) -> torch.Tensor | None:
         """One workspace shared by every input set (the launches are stream-ordered)."""

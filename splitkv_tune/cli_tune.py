@@ -129,6 +129,9 @@ def _grid_shapes(grid, dtypes, head_dims, patterns):
 @click.option("--block-kv", multiple=True, help="BLOCK_KV values (32, 64, 128) or auto.")
 @click.option("--reduce-threads", multiple=True, help="Combine block sizes (64, 128, 256) or auto.")
 @click.option("--policy", multiple=True, help="Split policies (length, blocks) or auto.")
+@click.option("--merge", multiple=True,
+              help="How partials are merged: auto, kernel (combine kernel), cluster (sm_90 "
+                   "in-cluster merge); comma separated or repeated. Default auto.")
 @BACKEND_OPTION
 @click.option("--no-check", is_flag=True, help="Skip the check against the reference.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False),
@@ -138,8 +141,8 @@ def _grid_shapes(grid, dtypes, head_dims, patterns):
                    "(cuda backend).")
 @_timing_options
 def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, splits, block_kv,
-          reduce_threads, policy, backend, no_check, csv_path, breakdown, warmup_s, min_reps,
-          max_time_s):
+          reduce_threads, policy, merge, backend, no_check, csv_path, breakdown, warmup_s,
+          min_reps, max_time_s):
     """Time one shape with one or several configs (the product of the lists)."""
     from splitkv_tune import bench as bench_mod
     from splitkv_tune import table
@@ -151,6 +154,11 @@ def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, spli
     configs = [Config(*values) for values in itertools.product(
         _parse_list(splits, "--splits", int), _parse_list(block_kv, "--block-kv", int),
         _parse_list(reduce_threads, "--reduce-threads", int), _parse_list(policy, "--policy", str))]
+    merges = list(dict.fromkeys(_parse_list(merge, "--merge", str)))
+    for m in merges:
+        if m not in tunables.MERGES:
+            raise click.BadParameter(f"must be one of {tunables.MERGES}, got {m!r}",
+                                     param_hint="--merge")
     if breakdown and backend != "cuda":
         raise click.UsageError("--breakdown traces CUDA kernels: it needs --backend cuda")
     _backend_or_exit(backend)
@@ -163,12 +171,21 @@ def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, spli
         configs = list(dict.fromkeys(shape_bench.resolve(c) for c in configs))
     except ValueError as err:
         raise click.UsageError(f"bad config: {err}")
-    for config in configs:
+    runs = []
+    for config, merge_mode in itertools.product(configs, merges):
+        shape_bench.merge = merge_mode
+        try:
+            merged_by = shape_bench.resolve_merge(config)
+        except ValueError as err:
+            raise click.UsageError(f"bad merge: {err}")
+        if (config, merged_by) in runs:
+            continue
+        runs.append((config, merged_by))
         result = shape_bench.measure(config)
         gbps = result.gbps(shape.bytes_moved())
         rows.append({"num_splits": config.num_splits, "block_kv": config.block_kv,
                      "reduce_threads": config.reduce_threads, "split_policy": config.split_policy,
-                     "status": result.status, "median_us": result.median_us,
+                     "merge": merged_by, "status": result.status, "median_us": result.median_us,
                      "p20_us": result.p20_us, "p80_us": result.p80_us, "n": result.n,
                      "gbps": gbps, "pct_copy_bw": 100 * gbps / copy_bw, "method": result.method,
                      "reason": result.reason})
@@ -181,20 +198,21 @@ def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, spli
     if csv_path:
         table.atomic_write_csv(csv_path, frame)
     if breakdown:
-        _print_breakdowns(shape_bench, configs, frame)
+        _print_breakdowns(shape_bench, runs, frame)
 
 
-def _print_breakdowns(shape_bench, configs, frame) -> None:
-    """One kernel-time table per config that ran correctly."""
+def _print_breakdowns(shape_bench, runs, frame) -> None:
+    """One kernel-time table per (config, merge) that ran correctly."""
     from splitkv_tune import breakdown as breakdown_mod
     import pandas as pd
 
-    for config, status, per_call_us in zip(configs, frame["status"], frame["median_us"]):
+    for (config, merged_by), status, per_call_us in zip(runs, frame["status"], frame["median_us"]):
         if status != "ok":
             continue
+        shape_bench.merge = "auto" if merged_by == "none" else merged_by
         rows = pd.DataFrame(breakdown_mod.config_breakdown(shape_bench, config, per_call_us))
         rows["share"] = (100 * rows["share"]).map(lambda x: f"{x:.1f}%")
-        click.echo(f"\nkernels of {config}:")
+        click.echo(f"\nkernels of {config} (merge: {merged_by}):")
         click.echo(rows.to_string(index=False, float_format=lambda x: f"{x:.2f}", na_rep="-"))
 
 

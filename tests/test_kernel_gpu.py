@@ -47,19 +47,23 @@ def ops():
 
 # ------------------------------------------------------------------------------ cases
 def _case(dtype, head_dim, causal, q_len, kv_len, heads, num_splits, block_kv, policy,
-          reduce_threads=128, return_lse=True):
+          reduce_threads=128, return_lse=True, merge="auto"):
     batch = 2 if q_len * kv_len <= 200_000 else 1
     return dict(dtype=dtype, head_dim=head_dim, causal=causal, q_len=q_len, kv_len=kv_len,
                 q_heads=heads[0], kv_heads=heads[1], batch=batch, num_splits=num_splits,
                 block_kv=block_kv, policy=policy, reduce_threads=reduce_threads,
-                return_lse=return_lse)
+                return_lse=return_lse, merge=merge)
+
+
+def _clusterable(num_splits):
+    return 2 <= num_splits <= tunables.MAX_CLUSTER_SPLITS
 
 
 def _case_id(c):
     return (f"{c['dtype']}-d{c['head_dim']}-{'causal' if c['causal'] else 'full'}"
             f"-b{c['batch']}-sq{c['q_len']}-sk{c['kv_len']}-h{c['q_heads']}x{c['kv_heads']}"
             f"-S{c['num_splits']}-bkv{c['block_kv']}-{c['policy']}-rt{c['reduce_threads']}"
-            f"{'-lse' if c['return_lse'] else ''}")
+            f"{'-lse' if c['return_lse'] else ''}{'-' + c['merge'] if c['merge'] != 'auto' else ''}")
 
 
 def _edge_cases():
@@ -73,9 +77,14 @@ def _edge_cases():
         cases.append(_case("bf16", 64, False, 3, 1000, (8, 8), 64, bkv, policy, 256))
     for sq, sk, s in ((333, 1, 3), (333, 17, 7), (333, 128, 16), (128, 17, 2), (64, 17, 128),
                       (3, 1, 2)):  # Sq > Sk, causal: fully masked rows and empty tiles
-        for policy in tunables.SPLIT_POLICIES:
-            cases.append(_case("bf16", 128, True, sq, sk, (32, 8), s, 64, policy))
-            cases.append(_case("fp16", 64, True, sq, sk, (16, 1), s, 32, policy))
+        for policy, merge in itertools.product(tunables.SPLIT_POLICIES, ("kernel", "cluster")):
+            if merge == "cluster" and not _clusterable(s):
+                continue
+            cases.append(_case("bf16", 128, True, sq, sk, (32, 8), s, 64, policy, merge=merge))
+            cases.append(_case("fp16", 64, True, sq, sk, (16, 1), s, 32, policy, merge=merge))
+    for bkv, s in itertools.product(tunables.BLOCK_KV, (2, 5, 16)):  # every cluster tile shape
+        cases.append(_case("bf16", 128, False, 1, 4096, (32, 8), s, bkv, "blocks", merge="cluster"))
+        cases.append(_case("fp16", 64, True, 100, 3000, (8, 8), s, bkv, "length", merge="cluster"))
     # The largest problems of the grid.
     cases.append(_case("bf16", 128, True, 333, 20000, (32, 8), 128, 128, "blocks"))
     cases.append(_case("fp16", 128, False, 333, 20000, (16, 1), 64, 64, "length"))
@@ -87,9 +96,13 @@ def _grid_cases(n=NUM_GRID_CASES, seed=20261129):
     """A fixed (seeded) sample of the full grid, so the ids are the same on every run."""
     rng = random.Random(seed)
     full = list(itertools.product(*GRID.values()))
-    picked = [_case(*values, reduce_threads=rng.choice(tunables.REDUCE_THREADS),
-                    return_lse=rng.random() < 0.5)
-              for values in rng.sample(full, min(n, len(full)))]
+    picked = []
+    for values in rng.sample(full, min(n, len(full))):
+        c = _case(*values, reduce_threads=rng.choice(tunables.REDUCE_THREADS),
+                  return_lse=rng.random() < 0.5)
+        if _clusterable(c["num_splits"]):
+            c["merge"] = rng.choice(("kernel", "cluster"))
+        picked.append(c)
     cases, seen = [], set()
     for c in _edge_cases() + picked:
         if _case_id(c) not in seen:
@@ -159,16 +172,25 @@ def _assert_lse(lse, ref_lse):
     assert torch.all(diff <= tol), f"lse max error {diff.max().item():.3g}"
 
 
-def _call(ops, q, k, v, c, workspace=None, return_lse=None):
+def _call(ops, q, k, v, c, workspace=None, return_lse=None, merge=None):
     return ops.splitkv_attention(
         q, k, v, causal=c["causal"], num_splits=c["num_splits"], block_kv=c["block_kv"],
         reduce_threads=c["reduce_threads"], split_policy=c["policy"], workspace=workspace,
-        return_lse=c["return_lse"] if return_lse is None else return_lse)
+        return_lse=c["return_lse"] if return_lse is None else return_lse,
+        merge=c["merge"] if merge is None else merge)
+
+
+def _merged_by(ops, c, merge=None):
+    config = tunables.Config(c["num_splits"], c["block_kv"], c["reduce_threads"], c["policy"])
+    return ops.resolve_merge(_shape(c), config, torch.cuda.current_device(),
+                             c["merge"] if merge is None else merge)
 
 
 # ------------------------------------------------------------------- the grid (DESIGN.md)
 @pytest.mark.parametrize("c", _grid_cases())
 def test_grid(ops, cuda_gen, c):
+    if c["merge"] == "cluster" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the cluster merge needs sm_90")
     q, k, v = _inputs(c, cuda_gen)
     ref_out, ref_lse, pt_out = _references(q, k, v, c["causal"])
     s = c["num_splits"]
@@ -180,10 +202,13 @@ def test_grid(ops, cuda_gen, c):
     _assert_rule(out, ref_out, pt_out)
     if lse is not None:
         _assert_lse(lse, ref_lse)
-    if ws is not None:  # every row of every split was written (the workspace started NaN)
+    if ws is not None and _merged_by(ops, c) == "kernel":
+        # every row of every split was written (the workspace started NaN)
         o_part, m, l = ops.workspace_views(ws, _shape(c), s)
         assert torch.isfinite(o_part).all(), "partial O left unwritten (NaN)"
         assert torch.isfinite(l).all() and not m.isnan().any(), "m/l left unwritten (NaN)"
+    elif ws is not None:
+        assert torch.all(ws == 0xFF), "the cluster merge wrote to the workspace"
 
 
 def _partial_cases():
@@ -202,7 +227,7 @@ def test_partials_match_reference(ops, cuda_gen, c):
     q, k, v = _inputs(c, cuda_gen)
     s = c["num_splits"]
     ws = _nan_workspace(ops.workspace_size(q, k, s))
-    _call(ops, q, k, v, c, workspace=ws, return_lse=False)
+    _call(ops, q, k, v, c, workspace=ws, return_lse=False, merge="kernel")
     torch.cuda.synchronize()
     o_part, m, l = (t.double() for t in ops.workspace_views(ws, _shape(c), s))
     o_ref, m_ref, l_ref = splitkv_partials_ref(
@@ -230,7 +255,7 @@ def test_empty_splits_write_contract_values(ops, cuda_gen, policy, causal, sq, s
     c = _case("bf16", 64, causal, sq, sk, (16, 1), 128, 32, policy)
     q, k, v = _inputs(c, cuda_gen)
     ws = _nan_workspace(ops.workspace_size(q, k, 128))
-    _call(ops, q, k, v, c, workspace=ws, return_lse=False)
+    _call(ops, q, k, v, c, workspace=ws, return_lse=False, merge="kernel")
     torch.cuda.synchronize()
     o_part, m, l = ops.workspace_views(ws, _shape(c), 128)
     _, _, l_ref = splitkv_partials_ref(q.double(), k.double(), v.double(), causal=causal,
@@ -254,11 +279,45 @@ def test_every_split_count_gives_the_same_answer(ops, cuda_gen, dtype, d, causal
     pt_err = (pt_out.double() - ref_out).abs().max().item()
     for s, policy in itertools.product(range(1, tunables.MAX_SPLITS + 1), tunables.SPLIT_POLICIES):
         ws = _nan_workspace(ops.workspace_size(q, k, s)) if s > 1 else None
-        out = ops.splitkv_attention(q, k, v, causal=causal, num_splits=s, block_kv=64,
-                                    split_policy=policy, workspace=ws)
-        _assert_rule(out, ref_out, pt_out, f"S={s} {policy}")
-        diff = (out.double() - base.double()).abs().max().item()
-        assert diff <= 2 * pt_err + 1e-3, f"S={s} {policy} differs from S=1 by {diff:.3g}"
+        merges = ("kernel", "auto") if _clusterable(s) else ("auto",)
+        for merge in merges:
+            out = ops.splitkv_attention(q, k, v, causal=causal, num_splits=s, block_kv=64,
+                                        split_policy=policy, workspace=ws, merge=merge)
+            what = f"S={s} {policy} merge={merge}"
+            _assert_rule(out, ref_out, pt_out, what)
+            diff = (out.double() - base.double()).abs().max().item()
+            assert diff <= 2 * pt_err + 1e-3, f"{what} differs from S=1 by {diff:.3g}"
+
+
+@pytest.mark.parametrize("num_splits", [2, 3, 5, 8, 13, 16])
+@pytest.mark.parametrize("dtype,d,causal,sq,sk,heads,bkv", [
+    ("bf16", 128, False, 1, 16384, (32, 8), 128), ("fp16", 64, True, 77, 2000, (16, 1), 32),
+    ("bf16", 128, True, 16, 5000, (32, 8), 64)])
+def test_cluster_merge_matches_combine_kernel(ops, cuda_gen, num_splits, dtype, d, causal, sq, sk,
+                                              heads, bkv):
+    """The in-cluster merge and the combine kernel fold the same partials with the same formula."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the cluster merge needs sm_90")
+    c = _case(dtype, d, causal, sq, sk, heads, num_splits, bkv, "blocks")
+    assert _merged_by(ops, c, "auto") == "cluster", "auto does not pick the cluster merge on sm_90"
+    q, k, v = _inputs(c, cuda_gen)
+    ref_out, ref_lse, pt_out = _references(q, k, v, causal)
+    _poison_for_output(q)
+    out_c, lse_c = _call(ops, q, k, v, c, return_lse=True, merge="cluster")
+    out_k, lse_k = _call(ops, q, k, v, c, return_lse=True, merge="kernel")
+    _assert_rule(out_c, ref_out, pt_out, "cluster merge")
+    _assert_lse(lse_c, ref_lse)
+    torch.testing.assert_close(out_c, out_k, rtol=2 * UNIT_ROUNDOFF[q.dtype], atol=1e-5)
+    torch.testing.assert_close(lse_c, lse_k, rtol=1e-6, atol=1e-6)
+
+
+def test_cluster_merge_limits(ops, cuda_gen):
+    c = _small_case(num_splits=32, kv_len=8192)
+    assert _merged_by(ops, c, "auto") == "kernel"  # more splits than a cluster holds
+    q, k, v = _inputs(c, cuda_gen)
+    with pytest.raises(ValueError, match="merge='cluster'"):
+        _call(ops, q, k, v, c, merge="cluster")
+    assert _merged_by(ops, {**c, "num_splits": 1}, "cluster") == "none"
 
 
 # --------------------------------------------------------------------- combine kernel
@@ -455,7 +514,7 @@ def _bad_calls():
         r"\bq\b|stride|contiguous"
     for kw, name in ((dict(num_splits=0), "num_splits"), (dict(num_splits=129), "num_splits"),
                      (dict(block_kv=48), "block_kv"), (dict(reduce_threads=100), "reduce_threads"),
-                     (dict(split_policy="foo"), "split_policy")):
+                     (dict(split_policy="foo"), "split_policy"), (dict(merge="dsmem"), "merge")):
         yield f"{name}={list(kw.values())[0]}", base, call(**kw), name
     yield "workspace too small", base, call(
         num_splits=8, workspace=lambda: torch.empty(16, dtype=torch.uint8, device="cuda")), "workspace"

@@ -211,6 +211,7 @@ def test_bench_command_on_reference_backend(tmp_path):
     assert sorted(frame.num_splits) == sorted({1, 2, auto_splits})
     assert (frame.status == "ok").all() and (frame.block_kv == 64).all()
     assert "pct_copy_bw" in frame.columns and "GB/s" in result.output
+    assert set(frame["merge"]) == {"none", "reference"}  # S=1 merges nothing
 
 
 def test_bench_breakdown_needs_the_cuda_backend():
@@ -223,6 +224,18 @@ def test_bench_command_rejects_bad_values():
     assert result.exit_code == 2 and "--splits" in result.output
     result = CliRunner().invoke(bench_cmd, ["--backend", "reference", "--head-dim", "96"])
     assert result.exit_code == 2 and "head_dim" in result.output
+    result = CliRunner().invoke(bench_cmd, ["--backend", "reference", "--merge", "dsmem"])
+    assert result.exit_code == 2 and "--merge" in result.output
+
+
+def test_resolve_merge_without_a_gpu():
+    """Bad values and one-split launches are settled before the extension is asked."""
+    from splitkv_tune import ops
+    shape = Shape("bf16", 128, 1, 32, 8, 1, 4096)
+    with pytest.raises(ValueError, match="merge must be one of"):
+        ops.resolve_merge(shape, tunables.Config(num_splits=4), 0, "dsmem")
+    assert ops.resolve_merge(shape, tunables.Config(num_splits=1), 0, "cluster") == "none"
+    assert ops.resolve_merge(shape, tunables.Config(num_splits=4), 0, "kernel") == "kernel"
 
 
 def test_env_command_prints_metadata():

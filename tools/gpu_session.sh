@@ -1,8 +1,10 @@
 #!/bin/bash
 # Build, test and measure on a GPU host in one go; logs and results go under $OUT (or ./gpu-out).
-# Usage: [GPU=h100] tools/gpu_session.sh build-test-sweep | compare   (GPU defaults to h200)
-# build-test-sweep: GPU tests, quick sweep, selector evaluation, kernel breakdowns (~7 min);
-# compare: the quick grid and causal prefill against the peers (~6 min).
+# Usage: [GPU=h100] tools/gpu_session.sh MODE...   (GPU defaults to h200; modes run in order)
+# test: GPU tests (~1 min); merge-ab: combine kernel vs in-cluster merge on the small decode
+# shapes (~2 min); sweep: quick grid (~3 min); evaluate: selector regret on the GPU (~2 min);
+# breakdown: kernel time per call (~1.5 min); compare: quick grid and causal prefill against
+# the peers (~6 min). The build takes ~1.5 min first.
 # Offline hosts: carry the wheels of gpu-wheelhouse.sh in .whl/ (installed to /tmp/site first).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -15,29 +17,48 @@ python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/nvidia-smi.txt"
 flag=${GPU:-h200}
 gpu=$(python3 -c "from splitkv_tune.gpus import resolve_gpu; print(resolve_gpu('$flag'))")
-case "${1:-}" in
-  build-test-sweep)
-    date -u | tee "$out/gpu_tests.log"
-    SPLITKV_REQUIRE_GPU=1 timeout 300 python3 -m pytest -q -p no:cacheprovider --no-header -rf \
-      tests/test_kernel_gpu.py tests/test_bench_gpu.py 2>&1 | tail -15 | tee -a "$out/gpu_tests.log"
-    timeout 420 splitkv-tune sweep --gpu "$flag" --grid quick --no-progress 2>&1 | tail -25 | tee "$out/sweep.log"
-    [ -n "${SKIP_EVALUATE:-}" ] || timeout 240 splitkv-tune evaluate --gpu "$flag" --shapes configs/evaluate.yaml \
-      --out-csv results/$gpu/evaluate_gpu.csv --out-md results/$gpu/evaluate_gpu.md 2>&1 | tail -20 | tee "$out/evaluate.log"
-    tar czf "$out/results.tgz" results/$gpu
-    # Kernel time per call at the table's config (issue 2: the combine kernel's share).
-    for s in "1 8 1 4096" "1 8 1 16384" "1 8 1 65536" "1 32 1 4096" "4 8 1 4096" "4 8 1 16384" "1 8 4 16384" \
-             "1 8 16 16384 --causal"; do
-      set -- $s
-      timeout 60 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 ${5:-} --breakdown 2>&1 | tail -12
-    done | tee "$out/breakdown.log"
-    ;;
-  compare)
-    timeout 300 splitkv-tune compare --grid quick --table results/$gpu/heuristics.csv --out results/$gpu/compare \
-      --peers "${PEERS:-sdpa_flash,sdpa_cudnn,flex}" --no-progress 2>&1 | tail -30 | tee "$out/compare.log"
-    timeout 120 splitkv-tune compare --grid configs/prefill.yaml --config 1,64,128,blocks --peers sdpa_flash,sdpa_cudnn \
-      --out results/$gpu/compare_prefill --no-progress 2>&1 | tail -8 | tee "$out/prefill.log"
-    splitkv-tune env > "$out/env.txt" 2>&1
-    tar czf "$out/results.tgz" results/$gpu
-    ;;
-  *) echo "usage: $0 build-test-sweep | compare" >&2; exit 2 ;;
-esac
+small_decode="1 8 1 4096|1 8 1 16384|1 8 1 65536|1 32 1 4096|4 8 1 4096|4 8 1 16384|1 8 4 16384|1 8 16 16384 --causal"
+for mode in "$@"; do
+  case "$mode" in
+    test)
+      date -u | tee "$out/gpu_tests.log"
+      SPLITKV_REQUIRE_GPU=1 timeout 300 python3 -m pytest -q -p no:cacheprovider --no-header -rf \
+        tests/test_kernel_gpu.py tests/test_bench_gpu.py 2>&1 | tail -15 | tee -a "$out/gpu_tests.log"
+      ;;
+    merge-ab)
+      # The combine kernel against the in-cluster merge, side by side in one process per shape.
+      IFS='|' read -ra shapes <<<"$small_decode"
+      for s in "${shapes[@]}"; do
+        set -- $s
+        timeout 90 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 ${5:-} \
+          --splits 2,4,8,16 --block-kv 64,128 --merge kernel,cluster 2>&1 | tail -18
+      done | tee "$out/merge_ab.log"
+      ;;
+    sweep)
+      timeout 420 splitkv-tune sweep --gpu "$flag" --grid quick --no-progress 2>&1 | tail -25 | tee "$out/sweep.log"
+      tar czf "$out/results.tgz" results/$gpu
+      ;;
+    evaluate)
+      timeout 240 splitkv-tune evaluate --gpu "$flag" --shapes configs/evaluate.yaml \
+        --out-csv results/$gpu/evaluate_gpu.csv --out-md results/$gpu/evaluate_gpu.md 2>&1 | tail -20 | tee "$out/evaluate.log"
+      tar czf "$out/results.tgz" results/$gpu
+      ;;
+    breakdown)
+      # Kernel time per call at the table's config (issue 2: the combine kernel's share).
+      IFS='|' read -ra shapes <<<"$small_decode"
+      for s in "${shapes[@]}"; do
+        set -- $s
+        timeout 60 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 ${5:-} --breakdown 2>&1 | tail -12
+      done | tee "$out/breakdown.log"
+      ;;
+    compare)
+      timeout 300 splitkv-tune compare --grid quick --table results/$gpu/heuristics.csv --out results/$gpu/compare \
+        --peers "${PEERS:-sdpa_flash,sdpa_cudnn,flex}" --no-progress 2>&1 | tail -30 | tee "$out/compare.log"
+      timeout 120 splitkv-tune compare --grid configs/prefill.yaml --config 1,64,128,blocks --peers sdpa_flash,sdpa_cudnn \
+        --out results/$gpu/compare_prefill --no-progress 2>&1 | tail -8 | tee "$out/prefill.log"
+      splitkv-tune env > "$out/env.txt" 2>&1
+      tar czf "$out/results.tgz" results/$gpu
+      ;;
+    *) echo "usage: $0 MODE... (test, merge-ab, sweep, evaluate, breakdown, compare)" >&2; exit 2 ;;
+  esac
+done

@@ -54,9 +54,7 @@ __global__ void __launch_bounds__(Traits::kThreads) combine_kernel(const __grid_
   const int q_idx = r / p.group;
   Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + q_idx * p.o_row_stride +
                  h_q * p.o_head_stride + lane * 4;
-  const float4 o = state.normalized();
-  Element packed[4] = {Element(o.x), Element(o.y), Element(o.z), Element(o.w)};
-  *reinterpret_cast<uint2*>(out) = *reinterpret_cast<uint2*>(packed);
+  store4(out, state.normalized());
   if (p.lse != nullptr && lane == 0) {
     p.lse[(int64_t(b) * p.kv_heads * p.group + h_q) * p.q_len + q_idx] = state.lse();
   }

@@ -39,4 +39,11 @@ struct MergeState {
   }
 };
 
+// Stores four merged columns as Element (one 8-byte store).
+template <typename Element>
+__device__ __forceinline__ void store4(Element* dst, float4 v) {
+  Element packed[4] = {Element(v.x), Element(v.y), Element(v.z), Element(v.w)};
+  *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<uint2*>(packed);
+}
+
 }  // namespace splitkv

@@ -11,6 +11,10 @@
 //   Packed rows: r = q_idx * G + g is query q_idx of query head h_kv * G + g (G = Hq / Hkv).
 //   Workspace (fp32, sections 128-byte aligned): O[S][B][Hkv][Sq*G][D], m[S][B][Hkv][Sq*G], l[same].
 //   With num_splits == 1 the split kernel writes the final O (and lse) itself.
+//   Cluster merge (sm_90, 2 <= num_splits <= kMaxClusterSplits): the S split CTAs of one
+//   (query tile, batch x KV head) form a cluster along z; each keeps its partial (same contract,
+//   fp32 O[kBlockM][D + 4], m[kBlockM], l[kBlockM]) in its own shared memory and the cluster
+//   merges them through distributed shared memory. The workspace is not touched.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +44,7 @@ struct SplitParams {
   float softmax_scale;                  // natural units
   float scale_log2;                     // softmax_scale * log2(e)
   bool causal;                          // bottom-right aligned: query i sees keys j <= i + kv_len - q_len
+  bool cluster_merge;                   // launched as clusters of num_splits CTAs that merge in place
   SplitPolicy split_policy;
 };
 
