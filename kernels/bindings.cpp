@@ -62,6 +62,7 @@ void split_forward(const py::dict& d) {
   p.ws_o = ptr<float>(d, "ws_o");
   p.ws_m = ptr<float>(d, "ws_m");
   p.ws_l = ptr<float>(d, "ws_l");
+  p.tile_counters = ptr<int>(d, "tile_counters");
   read_strides(d, "q", p.q_batch_stride, p.q_row_stride, p.q_head_stride);
   read_strides(d, "k", p.k_batch_stride, p.k_row_stride, p.k_head_stride);
   read_strides(d, "v", p.v_batch_stride, p.v_row_stride, p.v_head_stride);
@@ -79,7 +80,6 @@ void split_forward(const py::dict& d) {
   p.softmax_scale = get<float>(d, "softmax_scale");
   p.scale_log2 = p.softmax_scale * 1.4426950408889634f;
   p.causal = get<bool>(d, "causal");
-  p.cluster_merge = get<bool>(d, "cluster_merge");
   p.split_policy = static_cast<SplitPolicy>(get<int>(d, "split_policy"));
   const auto dtype = static_cast<DType>(get<int>(d, "dtype"));
   const int head_dim = get<int>(d, "head_dim");
@@ -119,7 +119,6 @@ py::dict compiled_tunables() {
   d["block_m"] = as_tuple(kBlockMs);
   d["reduce_threads"] = as_tuple(kReduceThreads);
   d["max_splits"] = kMaxSplits;
-  d["max_cluster_splits"] = kMaxClusterSplits;
   d["kv_stages"] = kKVStages;
   d["num_warps"] = kNumWarps;
   d["workspace_align"] = kWorkspaceAlign;
@@ -135,8 +134,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("split_smem_bytes", [](int dtype, int head_dim, int block_m, int block_kv) {
     return split_smem_bytes(static_cast<DType>(dtype), head_dim, block_m, block_kv);
   });
-  m.def("split_cluster_fits", [](int dtype, int head_dim, int block_m, int block_kv, int num_splits) {
-    return split_cluster_fits(static_cast<DType>(dtype), head_dim, block_m, block_kv, num_splits);
-  }, "Whether the split kernel can run as clusters of num_splits CTAs on the current device");
   m.def("compiled_tunables", &compiled_tunables, "The tunables this module was generated from");
 }

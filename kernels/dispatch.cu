@@ -10,8 +10,6 @@ namespace splitkv {
 
 template <typename Element, int kHeadDim, int kBlockM, int kBlockKV>
 void run_split_kernel(const SplitParams& p, cudaStream_t stream);
-template <typename Element, int kHeadDim, int kBlockM, int kBlockKV>
-bool split_cluster_fits(int num_splits);
 template <typename Element, int kHeadDim, int kThreads>
 void run_combine_kernel(const CombineParams& p, cudaStream_t stream);
 
@@ -40,16 +38,6 @@ void run_combine(const CombineParams& p, DType dtype, int head_dim, int threads,
 #undef SPLITKV_CASE
   throw std::invalid_argument("no combine kernel for head_dim=" + std::to_string(head_dim) +
                               " reduce_threads=" + std::to_string(threads));
-}
-
-bool split_cluster_fits(DType dtype, int head_dim, int block_m, int block_kv, int num_splits) {
-#define SPLITKV_CASE(E, D, BM, BKV)                                                   \
-  if (dtype == dtype_of<E>() && head_dim == D && block_m == BM && block_kv == BKV) {  \
-    return split_cluster_fits<E, D, BM, BKV>(num_splits);                            \
-  }
-  SPLITKV_FOR_EACH_SPLIT_KERNEL(SPLITKV_CASE)
-#undef SPLITKV_CASE
-  return false;
 }
 
 int split_smem_bytes(DType dtype, int head_dim, int block_m, int block_kv) {

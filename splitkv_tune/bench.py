@@ -300,8 +300,7 @@ class ShapeBench:
         if self.backend == "reference":
             return "none" if c.num_splits == 1 else "reference"
         from splitkv_tune import ops
-        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        return ops.resolve_merge(self.shape, c, index, self.merge)
+        return ops.resolve_merge(c, self.merge)
 
     def launcher(self, config: Config, q, k, v) -> Callable[[], torch.Tensor]:
         """A zero-argument callable running ``config`` on one input set."""

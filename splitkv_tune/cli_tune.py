@@ -130,8 +130,8 @@ def _grid_shapes(grid, dtypes, head_dims, patterns):
 @click.option("--reduce-threads", multiple=True, help="Combine block sizes (64, 128, 256) or auto.")
 @click.option("--policy", multiple=True, help="Split policies (length, blocks) or auto.")
 @click.option("--merge", multiple=True,
-              help="How partials are merged: auto, kernel (combine kernel), cluster (sm_90 "
-                   "in-cluster merge); comma separated or repeated. Default auto.")
+              help="How partials are merged: auto, fused (the last split CTA of each query "
+                   "tile), kernel (the combine kernel); comma separated or repeated. Default auto.")
 @BACKEND_OPTION
 @click.option("--no-check", is_flag=True, help="Skip the check against the reference.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False),

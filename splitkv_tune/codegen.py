@@ -39,7 +39,6 @@ def header_text() -> str:
             + _array("kBlockMs", tuple(tunables.BLOCK_M))
             + _array("kReduceThreads", tunables.REDUCE_THREADS)
             + f"inline constexpr int kMaxSplits = {tunables.MAX_SPLITS};\n"
-            + f"inline constexpr int kMaxClusterSplits = {tunables.MAX_CLUSTER_SPLITS};\n"
             + f"inline constexpr int kKVStages = {tunables.KV_STAGES};\n"
             + f"inline constexpr int kNumWarps = {tunables.NUM_WARPS};\n"
             + f"inline constexpr int kWorkspaceAlign = {tunables.WORKSPACE_ALIGN};\n\n"
@@ -59,7 +58,6 @@ def instantiation_files() -> dict[str, str]:
             BANNER + '#include "splitkv/split_launch.h"\n\nnamespace splitkv {\n'
             f"template void run_split_kernel<{ELEMENT[dt]}, {hd}, {bm}, {bkv}>("
             "const SplitParams&, cudaStream_t);\n"
-            f"template bool split_cluster_fits<{ELEMENT[dt]}, {hd}, {bm}, {bkv}>(int);\n"
             "}  // namespace splitkv\n")
     for dt in tunables.DTYPES:
         for hd in tunables.HEAD_DIMS:

@@ -18,6 +18,7 @@ _DTYPES = {torch.float16: ("fp16", 0), torch.bfloat16: ("bf16", 1)}
 _POLICY_CODES = {"length": 0, "blocks": 1}
 _MAX_GRID_Y = 65535
 _workspaces: dict[tuple[int, int], torch.Tensor] = {}
+_counters: dict[tuple[int, int], torch.Tensor] = {}
 
 
 @functools.lru_cache(maxsize=1)
@@ -127,42 +128,21 @@ def resolve_config(shape: Shape, device_index: int, num_splits="auto", block_kv=
     return Config(**given).validate()
 
 
-@torch.compiler.assume_constant_result
-def _cluster_fits(device_index: int, dtype_code: int, head_dim: int, block_m: int, block_kv: int,
-                  num_splits: int) -> bool:
-    return _cluster_fits_cached(device_index, dtype_code, head_dim, block_m, block_kv, num_splits)
+def resolve_merge(config: Config, merge: str = "auto") -> str:
+    """How a launch merges its partials: ``"none"`` (one split), ``"fused"`` or ``"kernel"``.
 
+    ``"fused"``: the last split CTA of each query tile merges the tile (no combine kernel).
+    ``"kernel"``: the combine kernel, with ``reduce_threads`` threads per block. ``"auto"``
+    is ``"fused"``.
 
-@functools.lru_cache(maxsize=None)
-def _cluster_fits_cached(device_index, dtype_code, head_dim, block_m, block_kv, num_splits) -> bool:
-    if not 2 <= num_splits <= tunables.MAX_CLUSTER_SPLITS:
-        return False
-    with torch.cuda.device(device_index):
-        return bool(_extension().split_cluster_fits(dtype_code, head_dim, block_m, block_kv, num_splits))
-
-
-def resolve_merge(shape: Shape, config: Config, device_index: int, merge: str = "auto") -> str:
-    """How the partials of a launch are merged: ``"none"`` (one split), ``"cluster"`` or ``"kernel"``.
-
-    ``"cluster"`` (sm_90): the split CTAs of a query tile form a thread-block cluster and merge
-    through distributed shared memory, with no combine kernel and no workspace traffic. It
-    needs ``2 <= num_splits <= 16`` and clusters that fit the GPU. ``"auto"`` picks it whenever
-    it can run, else the combine kernel.
+    >>> resolve_merge(Config(num_splits=1), "kernel"), resolve_merge(Config(num_splits=8))
+    ('none', 'fused')
     """
     if merge not in tunables.MERGES:
         raise ValueError(f"merge must be one of {tunables.MERGES}, got {merge!r}")
     if config.num_splits == 1:
         return "none"
-    if merge == "kernel":
-        return "kernel"
-    fits = _cluster_fits(device_index, 1 if shape.dtype == "bf16" else 0, shape.head_dim,
-                         tunables.block_m_for(shape.packed_rows), config.block_kv, config.num_splits)
-    if merge == "cluster" and not fits:
-        raise ValueError(
-            f"merge='cluster' needs an sm_90 GPU, 2 <= num_splits <= {tunables.MAX_CLUSTER_SPLITS} "
-            f"and clusters of that many CTAs that fit the GPU; got num_splits={config.num_splits}, "
-            f"block_kv={config.block_kv}")
-    return "cluster" if fits else "kernel"
+    return "kernel" if merge == "kernel" else "fused"
 
 
 def workspace_size(q: torch.Tensor, k: torch.Tensor, num_splits: int) -> int:
@@ -211,6 +191,22 @@ def _workspace_for(q: torch.Tensor, nbytes: int, workspace) -> torch.Tensor:
     return cached
 
 
+def _tile_counters(q: torch.Tensor, count: int) -> torch.Tensor:
+    """Zeroed int32 counters of the fused merge, one per query tile; every launch leaves them zero.
+
+    Kept per (device, stream) like the workspace, so launches that share them are ordered.
+    Counters taken during graph capture belong to the graph (zeroed there, never cached).
+    """
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(count, dtype=torch.int32, device=q.device)
+    key = (q.device.index, torch.cuda.current_stream(q.device).stream_id)
+    cached = _counters.get(key)
+    if cached is None or cached.numel() < count:
+        cached = torch.zeros(max(count, 1024), dtype=torch.int32, device=q.device)
+        _counters[key] = cached
+    return cached
+
+
 def _strides(prefix: str, t: torch.Tensor) -> dict:
     return {f"{prefix}_batch_stride": t.stride(0), f"{prefix}_row_stride": t.stride(1),
             f"{prefix}_head_stride": t.stride(2)}
@@ -218,7 +214,7 @@ def _strides(prefix: str, t: torch.Tensor) -> dict:
 
 def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   workspace: torch.Tensor | None, causal: bool, softmax_scale: float, num_splits: int, block_kv: int,
-                  reduce_threads: int, split_policy: int, return_lse: bool, cluster_merge: bool
+                  reduce_threads: int, split_policy: int, return_lse: bool, fused_merge: bool
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     ext = _extension()
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
@@ -228,11 +224,15 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     lse = torch.empty((batch, q_heads, q_len) if return_lse else (0,), dtype=torch.float32,
                       device=q.device)
     shape = Shape(_DTYPES[q.dtype][0], head_dim, batch, q_heads, kv_heads, q_len, k.shape[1], causal)
-    m_off, l_off, nbytes = tunables.workspace_sections(shape, 1 if cluster_merge else num_splits)
+    m_off, l_off, nbytes = tunables.workspace_sections(shape, num_splits)
     base = _workspace_for(q, nbytes, workspace).data_ptr()
+    block_m = tunables.block_m_for(shape.packed_rows)
+    counters = 0
+    if fused_merge and num_splits > 1:
+        counters = _tile_counters(q, batch * kv_heads * tunables.num_m_blocks(shape)).data_ptr()
     stream = torch.cuda.current_stream(q.device).cuda_stream
     common = {"out": out.data_ptr(), "lse": lse.data_ptr() if return_lse else 0,
-              "ws_o": base, "ws_m": base + m_off, "ws_l": base + l_off,
+              "ws_o": base, "ws_m": base + m_off, "ws_l": base + l_off, "tile_counters": counters,
               "batch": batch, "q_len": q_len, "kv_heads": kv_heads,
               "dtype": _DTYPES[q.dtype][1], "head_dim": head_dim, "stream": stream,
               **_strides("o", out)}
@@ -240,11 +240,11 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         ext.split_forward({**common, **_strides("q", q), **_strides("k", k), **_strides("v", v),
                            "q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(),
                            "q_heads": q_heads, "kv_len": k.shape[1], "num_splits": num_splits,
-                           "block_m": tunables.block_m_for(shape.packed_rows),
+                           "block_m": block_m,
                            "block_kv": block_kv, "softmax_scale": softmax_scale,
                            "causal": causal, "split_policy": split_policy,
-                           "cluster_merge": cluster_merge, "device": q.device.index})
-        if num_splits > 1 and not cluster_merge:
+                           "device": q.device.index})
+        if num_splits > 1 and not fused_merge:
             ext.combine_forward({**common, "group": q_heads // kv_heads, "num_splits": num_splits,
                                  "reduce_threads": reduce_threads})
     return out, lse
@@ -257,7 +257,7 @@ _attention_op = torch.library.custom_op("splitkv::attention", mutates_args=("wor
 
 @_attention_op.register_fake
 def _(q, k, v, workspace, causal, softmax_scale, num_splits, block_kv, reduce_threads,
-      split_policy, return_lse, cluster_merge):
+      split_policy, return_lse, fused_merge):
     batch, q_len, q_heads, _ = q.shape
     lse_shape = (batch, q_heads, q_len) if return_lse else (0,)
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
@@ -275,10 +275,10 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
     bottom-right. Returns ``out (B, Sq, Hq, D)`` in q's dtype, and with ``return_lse``
     also ``lse (B, Hq, Sq)`` float32 in natural log (``-inf`` for rows with no key).
     Tunables left at ``"auto"`` come from the heuristic table for this GPU (or the
-    analytic fallback). ``merge``: ``"auto"``, ``"kernel"`` (combine kernel) or ``"cluster"``
-    (in-cluster merge on sm_90, ``resolve_merge``). ``workspace``: optional uint8 tensor of at
-    least ``workspace_size(q, k, num_splits)`` bytes, 128-byte aligned; otherwise a per-device
-    buffer is cached (preallocate one before CUDA-graph capture). A cluster merge does not use it.
+    analytic fallback). ``merge``: ``"auto"``, ``"fused"`` (the last split CTA of each query
+    tile merges it) or ``"kernel"`` (the combine kernel); see ``resolve_merge``. ``workspace``:
+    optional uint8 tensor of at least ``workspace_size(q, k, num_splits)`` bytes, 128-byte
+    aligned; otherwise a per-device buffer is cached (preallocate one before CUDA-graph capture).
     """
     if cache_seqlens is not None or block_table is not None:
         raise ValueError("cache_seqlens and block_table (paged / variable-length KV) are not "
@@ -289,12 +289,12 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
     if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale):
         raise ValueError(f"softmax_scale must be a finite number, got {softmax_scale!r}")
     config = resolve_config(shape, q.device.index, num_splits, block_kv, reduce_threads, split_policy)
-    cluster_merge = resolve_merge(shape, config, q.device.index, merge) == "cluster"
+    fused_merge = resolve_merge(config, merge) == "fused"
     _check_workspace(q, workspace)
     op = _attention_op if torch.compiler.is_compiling() else _attention_impl
     out, lse = op(q, k, v, workspace, bool(causal), float(softmax_scale), config.num_splits,
                   config.block_kv, config.reduce_threads, _POLICY_CODES[config.split_policy],
-                  bool(return_lse), cluster_merge)
+                  bool(return_lse), fused_merge)
     return (out, lse) if return_lse else out
 
 

@@ -22,9 +22,10 @@ Numeric contract of the partials (also written in ``kernels/include/splitkv/para
 * Workspace layout (fp32, each section 128-byte aligned):
   ``O[S, B, Hkv, Sq*G, D]``, then ``m[S, B, Hkv, Sq*G]``, then ``l[S, B, Hkv, Sq*G]``.
   With ``S == 1`` the split kernel writes the final output and no workspace is used.
-* Cluster merge (sm_90, ``2 <= S <= MAX_CLUSTER_SPLITS``): the same partials stay in each
-  split CTA's shared memory and the cluster merges them with the same formula; the
-  workspace is not touched.
+* Fused merge: each split CTA adds 1 to its query tile's counter once its partial is in the
+  workspace; the CTA that brings it to ``S`` merges the tile with the same formula and sets
+  the counter back to 0. The counters (int32, one per query tile and (batch, KV head)) are
+  zeroed once when ``ops.py`` allocates them and every launch leaves them zero.
 """
 from __future__ import annotations
 
@@ -37,11 +38,9 @@ BLOCK_KV = (32, 64, 128)
 REDUCE_THREADS = (64, 128, 256)
 SPLIT_POLICIES = ("length", "blocks")
 MAX_SPLITS = 128
-# On sm_90 the S split CTAs of one query tile can form a thread-block cluster and merge their
-# partials through distributed shared memory instead of a combine kernel; 16 is the largest
-# cluster Hopper allows (non-portable size).
-MAX_CLUSTER_SPLITS = 16
-MERGES = ("auto", "kernel", "cluster")
+# How the S partials are merged: "kernel" launches the combine kernel; "fused" lets the last
+# split CTA of each query tile to finish merge them (no second launch); "auto" picks.
+MERGES = ("auto", "kernel", "fused")
 WORKSPACE_ALIGN = 128
 KV_STAGES = 2
 NUM_WARPS = 4

@@ -34,7 +34,7 @@ def test_cuda_config_is_checked_then_timed():
 
 
 def test_breakdown_charges_each_kernel_once():
-    shape_bench = bench.ShapeBench(SHAPE, **FAST)
+    shape_bench = bench.ShapeBench(SHAPE, merge="kernel", **FAST)
 
     def kernel_rows(config):
         timing = shape_bench.measure(config)
@@ -46,6 +46,8 @@ def test_breakdown_charges_each_kernel_once():
     assert rows["split_kv_kernel"]["launches_per_call"] == rows["combine_kernel"]["launches_per_call"] == 1
     assert 0.9 < sum(r["share"] for r in rows.values()) < 1.1
     assert set(kernel_rows(Config(1, 64, 128, "blocks"))) == {"split_kv_kernel", "(gaps)"}
+    shape_bench.merge = "fused"  # the last split CTA of each tile merges: one kernel
+    assert set(kernel_rows(Config(8, 64, 128, "blocks"))) == {"split_kv_kernel", "(gaps)"}
 
 
 def test_wrong_output_is_never_timed(monkeypatch):

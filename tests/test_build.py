@@ -93,9 +93,8 @@ def test_extension_matches_tunables():
     assert got["head_dims"] == tunables.HEAD_DIMS and got["block_kv"] == tunables.BLOCK_KV
     assert got["block_m"] == tuple(tunables.BLOCK_M)
     assert got["reduce_threads"] == tunables.REDUCE_THREADS
-    assert (got["max_splits"], got["max_cluster_splits"], got["kv_stages"], got["num_warps"],
-            got["workspace_align"]) == (tunables.MAX_SPLITS, tunables.MAX_CLUSTER_SPLITS,
-                                        tunables.KV_STAGES, tunables.NUM_WARPS, tunables.WORKSPACE_ALIGN)
+    assert (got["max_splits"], got["kv_stages"], got["num_warps"], got["workspace_align"]) == (
+        tunables.MAX_SPLITS, tunables.KV_STAGES, tunables.NUM_WARPS, tunables.WORKSPACE_ALIGN)
     for dt, hd, bm, bkv in codegen.split_instances():
         code = tunables.DTYPES.index(dt)
         assert ext.split_smem_bytes(code, hd, bm, bkv) == tunables.smem_bytes(hd, bkv, bm)

@@ -55,9 +55,6 @@ def _case(dtype, head_dim, causal, q_len, kv_len, heads, num_splits, block_kv, p
                 return_lse=return_lse, merge=merge)
 
 
-def _clusterable(num_splits):
-    return 2 <= num_splits <= tunables.MAX_CLUSTER_SPLITS
-
 
 def _case_id(c):
     return (f"{c['dtype']}-d{c['head_dim']}-{'causal' if c['causal'] else 'full'}"
@@ -77,14 +74,14 @@ def _edge_cases():
         cases.append(_case("bf16", 64, False, 3, 1000, (8, 8), 64, bkv, policy, 256))
     for sq, sk, s in ((333, 1, 3), (333, 17, 7), (333, 128, 16), (128, 17, 2), (64, 17, 128),
                       (3, 1, 2)):  # Sq > Sk, causal: fully masked rows and empty tiles
-        for policy, merge in itertools.product(tunables.SPLIT_POLICIES, ("kernel", "cluster")):
-            if merge == "cluster" and not _clusterable(s):
+        for policy, merge in itertools.product(tunables.SPLIT_POLICIES, ("kernel", "fused")):
+            if merge == "fused" and s == 1:
                 continue
             cases.append(_case("bf16", 128, True, sq, sk, (32, 8), s, 64, policy, merge=merge))
             cases.append(_case("fp16", 64, True, sq, sk, (16, 1), s, 32, policy, merge=merge))
-    for bkv, s in itertools.product(tunables.BLOCK_KV, (2, 5, 16)):  # every cluster tile shape
-        cases.append(_case("bf16", 128, False, 1, 4096, (32, 8), s, bkv, "blocks", merge="cluster"))
-        cases.append(_case("fp16", 64, True, 100, 3000, (8, 8), s, bkv, "length", merge="cluster"))
+    for bkv, s in itertools.product(tunables.BLOCK_KV, (2, 17, 128)):  # fused merge, every tile shape
+        cases.append(_case("bf16", 128, False, 1, 4096, (32, 8), s, bkv, "blocks", merge="fused"))
+        cases.append(_case("fp16", 64, True, 100, 3000, (8, 8), s, bkv, "length", merge="fused"))
     # The largest problems of the grid.
     cases.append(_case("bf16", 128, True, 333, 20000, (32, 8), 128, 128, "blocks"))
     cases.append(_case("fp16", 128, False, 333, 20000, (16, 1), 64, 64, "length"))
@@ -100,8 +97,8 @@ def _grid_cases(n=NUM_GRID_CASES, seed=20261129):
     for values in rng.sample(full, min(n, len(full))):
         c = _case(*values, reduce_threads=rng.choice(tunables.REDUCE_THREADS),
                   return_lse=rng.random() < 0.5)
-        if _clusterable(c["num_splits"]):
-            c["merge"] = rng.choice(("kernel", "cluster"))
+        if c["num_splits"] > 1:
+            c["merge"] = rng.choice(("kernel", "fused"))
         picked.append(c)
     cases, seen = [], set()
     for c in _edge_cases() + picked:
@@ -180,17 +177,12 @@ def _call(ops, q, k, v, c, workspace=None, return_lse=None, merge=None):
         merge=c["merge"] if merge is None else merge)
 
 
-def _merged_by(ops, c, merge=None):
-    config = tunables.Config(c["num_splits"], c["block_kv"], c["reduce_threads"], c["policy"])
-    return ops.resolve_merge(_shape(c), config, torch.cuda.current_device(),
-                             c["merge"] if merge is None else merge)
+
 
 
 # ------------------------------------------------------------------- the grid (DESIGN.md)
 @pytest.mark.parametrize("c", _grid_cases())
 def test_grid(ops, cuda_gen, c):
-    if c["merge"] == "cluster" and torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("the cluster merge needs sm_90")
     q, k, v = _inputs(c, cuda_gen)
     ref_out, ref_lse, pt_out = _references(q, k, v, c["causal"])
     s = c["num_splits"]
@@ -202,13 +194,10 @@ def test_grid(ops, cuda_gen, c):
     _assert_rule(out, ref_out, pt_out)
     if lse is not None:
         _assert_lse(lse, ref_lse)
-    if ws is not None and _merged_by(ops, c) == "kernel":
-        # every row of every split was written (the workspace started NaN)
+    if ws is not None:  # every row of every split was written (the workspace started NaN)
         o_part, m, l = ops.workspace_views(ws, _shape(c), s)
         assert torch.isfinite(o_part).all(), "partial O left unwritten (NaN)"
         assert torch.isfinite(l).all() and not m.isnan().any(), "m/l left unwritten (NaN)"
-    elif ws is not None:
-        assert torch.all(ws == 0xFF), "the cluster merge wrote to the workspace"
 
 
 def _partial_cases():
@@ -279,7 +268,7 @@ def test_every_split_count_gives_the_same_answer(ops, cuda_gen, dtype, d, causal
     pt_err = (pt_out.double() - ref_out).abs().max().item()
     for s, policy in itertools.product(range(1, tunables.MAX_SPLITS + 1), tunables.SPLIT_POLICIES):
         ws = _nan_workspace(ops.workspace_size(q, k, s)) if s > 1 else None
-        merges = ("kernel", "auto") if _clusterable(s) else ("auto",)
+        merges = ("kernel", "fused") if s > 1 else ("auto",)
         for merge in merges:
             out = ops.splitkv_attention(q, k, v, causal=causal, num_splits=s, block_kv=64,
                                         split_policy=policy, workspace=ws, merge=merge)
@@ -289,35 +278,39 @@ def test_every_split_count_gives_the_same_answer(ops, cuda_gen, dtype, d, causal
             assert diff <= 2 * pt_err + 1e-3, f"{what} differs from S=1 by {diff:.3g}"
 
 
-@pytest.mark.parametrize("num_splits", [2, 3, 5, 8, 13, 16])
+@pytest.mark.parametrize("num_splits", [2, 3, 16, 17, 64, 128])
 @pytest.mark.parametrize("dtype,d,causal,sq,sk,heads,bkv", [
     ("bf16", 128, False, 1, 16384, (32, 8), 128), ("fp16", 64, True, 77, 2000, (16, 1), 32),
     ("bf16", 128, True, 16, 5000, (32, 8), 64)])
-def test_cluster_merge_matches_combine_kernel(ops, cuda_gen, num_splits, dtype, d, causal, sq, sk,
-                                              heads, bkv):
-    """The in-cluster merge and the combine kernel fold the same partials with the same formula."""
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("the cluster merge needs sm_90")
+def test_fused_merge_matches_combine_kernel(ops, cuda_gen, num_splits, dtype, d, causal, sq, sk,
+                                            heads, bkv):
+    """The fused merge and the combine kernel fold the same partials with the same code."""
     c = _case(dtype, d, causal, sq, sk, heads, num_splits, bkv, "blocks")
-    assert _merged_by(ops, c, "auto") == "cluster", "auto does not pick the cluster merge on sm_90"
     q, k, v = _inputs(c, cuda_gen)
     ref_out, ref_lse, pt_out = _references(q, k, v, causal)
     _poison_for_output(q)
-    out_c, lse_c = _call(ops, q, k, v, c, return_lse=True, merge="cluster")
+    out_f, lse_f = _call(ops, q, k, v, c, return_lse=True, merge="fused")
     out_k, lse_k = _call(ops, q, k, v, c, return_lse=True, merge="kernel")
-    _assert_rule(out_c, ref_out, pt_out, "cluster merge")
-    _assert_lse(lse_c, ref_lse)
-    torch.testing.assert_close(out_c, out_k, rtol=2 * UNIT_ROUNDOFF[q.dtype], atol=1e-5)
-    torch.testing.assert_close(lse_c, lse_k, rtol=1e-6, atol=1e-6)
+    _assert_rule(out_f, ref_out, pt_out, "fused merge")
+    _assert_lse(lse_f, ref_lse)
+    torch.testing.assert_close(out_f, out_k, rtol=2 * UNIT_ROUNDOFF[q.dtype], atol=1e-5)
+    torch.testing.assert_close(lse_f, lse_k, rtol=1e-6, atol=1e-6)
 
 
-def test_cluster_merge_limits(ops, cuda_gen):
-    c = _small_case(num_splits=32, kv_len=8192)
-    assert _merged_by(ops, c, "auto") == "kernel"  # more splits than a cluster holds
+def test_fused_merge_leaves_its_counters_zero(ops, cuda_gen):
+    """Every launch sets the tile counters back to 0, including on a second stream."""
+    c = _small_case(num_splits=13, kv_len=8192, q_len=40, heads=(16, 1))  # several query tiles
     q, k, v = _inputs(c, cuda_gen)
-    with pytest.raises(ValueError, match="merge='cluster'"):
-        _call(ops, q, k, v, c, merge="cluster")
-    assert _merged_by(ops, {**c, "num_splits": 1}, "cluster") == "none"
+    want = _call(ops, q, k, v, c, return_lse=False, merge="kernel")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    for s in (torch.cuda.current_stream(), stream):
+        with torch.cuda.stream(s):
+            outs = [_call(ops, q, k, v, {**c, "num_splits": n}, return_lse=False, merge="fused")
+                    for n in (13, 2, 128, 13)]
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], outs[3]) and torch.equal(outs[0], want)
+    assert ops._counters and all(int(t.abs().sum()) == 0 for t in ops._counters.values())
 
 
 # --------------------------------------------------------------------- combine kernel

@@ -228,14 +228,13 @@ def test_bench_command_rejects_bad_values():
     assert result.exit_code == 2 and "--merge" in result.output
 
 
-def test_resolve_merge_without_a_gpu():
-    """Bad values and one-split launches are settled before the extension is asked."""
+def test_resolve_merge():
     from splitkv_tune import ops
-    shape = Shape("bf16", 128, 1, 32, 8, 1, 4096)
     with pytest.raises(ValueError, match="merge must be one of"):
-        ops.resolve_merge(shape, tunables.Config(num_splits=4), 0, "dsmem")
-    assert ops.resolve_merge(shape, tunables.Config(num_splits=1), 0, "cluster") == "none"
-    assert ops.resolve_merge(shape, tunables.Config(num_splits=4), 0, "kernel") == "kernel"
+        ops.resolve_merge(tunables.Config(num_splits=4), "dsmem")
+    assert ops.resolve_merge(tunables.Config(num_splits=1), "fused") == "none"
+    assert ops.resolve_merge(tunables.Config(num_splits=4), "kernel") == "kernel"
+    assert ops.resolve_merge(tunables.Config(num_splits=4), "auto") == "fused"
 
 
 def test_env_command_prints_metadata():

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Build, test and measure on a GPU host in one go; logs and results go under $OUT (or ./gpu-out).
 # Usage: [GPU=h100] tools/gpu_session.sh MODE...   (GPU defaults to h200; modes run in order)
-# test: GPU tests (~1 min); merge-ab: combine kernel vs in-cluster merge on the small decode
+# test: GPU tests (~1 min); merge-ab: combine kernel vs fused merge on the small decode
 # shapes (~2 min); sweep: quick grid (~3 min); evaluate: selector regret on the GPU (~2 min);
 # breakdown: kernel time per call (~1.5 min); compare: quick grid and causal prefill against
 # the peers (~6 min). The build takes ~1.5 min first.
@@ -26,12 +26,12 @@ for mode in "$@"; do
         tests/test_kernel_gpu.py tests/test_bench_gpu.py 2>&1 | tail -15 | tee -a "$out/gpu_tests.log"
       ;;
     merge-ab)
-      # The combine kernel against the in-cluster merge, side by side in one process per shape.
+      # The combine kernel against the fused merge, side by side in one process per shape.
       IFS='|' read -ra shapes <<<"$small_decode"
       for s in "${shapes[@]}"; do
         set -- $s
         timeout 90 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 ${5:-} \
-          --splits 2,4,8,16 --block-kv 64,128 --merge kernel,cluster 2>&1 | tail -18
+          --splits 4,8,16,32 --block-kv 64,128 --merge kernel,fused 2>&1 | tail -18
       done | tee "$out/merge_ab.log"
       ;;
     sweep)

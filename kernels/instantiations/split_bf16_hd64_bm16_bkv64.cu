@@ -3,5 +3,4 @@
 
 namespace splitkv {
 template void run_split_kernel<cutlass::bfloat16_t, 64, 16, 64>(const SplitParams&, cudaStream_t);
-template bool split_cluster_fits<cutlass::bfloat16_t, 64, 16, 64>(int);
 }  // namespace splitkv

@@ -3,5 +3,4 @@
 
 namespace splitkv {
 template void run_split_kernel<cutlass::bfloat16_t, 64, 64, 32>(const SplitParams&, cudaStream_t);
-template bool split_cluster_fits<cutlass::bfloat16_t, 64, 64, 32>(int);
 }  // namespace splitkv

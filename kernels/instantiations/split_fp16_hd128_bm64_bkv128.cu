@@ -3,5 +3,4 @@
 
 namespace splitkv {
 template void run_split_kernel<cutlass::half_t, 128, 64, 128>(const SplitParams&, cudaStream_t);
-template bool split_cluster_fits<cutlass::half_t, 128, 64, 128>(int);
 }  // namespace splitkv

@@ -13,8 +13,6 @@ enum class DType : int { kFp16 = 0, kBf16 = 1 };
 // Throws std::invalid_argument when no instantiation matches, std::runtime_error on CUDA errors.
 void run_split(const SplitParams& p, DType dtype, int head_dim, int block_m, int block_kv, cudaStream_t stream);
 void run_combine(const CombineParams& p, DType dtype, int head_dim, int threads, cudaStream_t stream);
-// Whether the split kernel can run as clusters of num_splits CTAs (params.h: cluster merge).
-bool split_cluster_fits(DType dtype, int head_dim, int block_m, int block_kv, int num_splits);
 // Shared memory of one split-kernel CTA; -1 when that combination is not instantiated.
 int split_smem_bytes(DType dtype, int head_dim, int block_m, int block_kv);
 

@@ -81,12 +81,6 @@ struct SplitKernelTraits {
   static constexpr int kExchangeFloats = kWarpsN > 1 ? 2 * kWarpsN * kBlockM : 0;
   static constexpr int kSmemBytes =
       int(sizeof(Element)) * (kQElems + 2 * kKVElems + kPElems) + 4 * kExchangeFloats;
-  // Cluster merge: the CTA's fp32 partial O[kBlockM][kMergeRowStride], m[kBlockM], l[kBlockM],
-  // written over the K/V stages and P once the key loop is done.
-  static constexpr int kMergeRowStride = kHeadDim + 4;  // floats; the pad staggers rows across banks
-  static constexpr int kMergeBytes = 4 * (kBlockM * kMergeRowStride + 2 * kBlockM);
-  static_assert(kMergeBytes <= int(sizeof(Element)) * (2 * kKVElems + kPElems),
-                "the merge partial must fit in the K/V stages and P");
 };
 
 template <int kHeadDim_, int kThreads_, typename Element_>
@@ -98,9 +92,6 @@ struct CombineKernelTraits {
   static constexpr int kThreadsPerRow = kHeadDim / 4;  // one float4 of O per thread
   static_assert(32 % kThreadsPerRow == 0, "a row's threads stay inside one warp");
   static constexpr int kRowsPerBlock = kThreads / kThreadsPerRow;
-  // Splits whose loads one thread issues together: enough to cover the usual S in one
-  // round trip, few enough that 16 float4 stay in registers.
-  static constexpr int kSplitsPerBatch = 16;
 };
 
 }  // namespace splitkv

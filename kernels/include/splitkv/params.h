@@ -11,10 +11,10 @@
 //   Packed rows: r = q_idx * G + g is query q_idx of query head h_kv * G + g (G = Hq / Hkv).
 //   Workspace (fp32, sections 128-byte aligned): O[S][B][Hkv][Sq*G][D], m[S][B][Hkv][Sq*G], l[same].
 //   With num_splits == 1 the split kernel writes the final O (and lse) itself.
-//   Cluster merge (sm_90, 2 <= num_splits <= kMaxClusterSplits): the S split CTAs of one
-//   (query tile, batch x KV head) form a cluster along z; each keeps its partial (same contract,
-//   fp32 O[kBlockM][D + 4], m[kBlockM], l[kBlockM]) in its own shared memory and the cluster
-//   merges them through distributed shared memory. The workspace is not touched.
+//   Fused merge (tile_counters != null): after writing its partial, each split CTA adds 1 to
+//   tile_counters[(b * kv_heads + h_kv) * num_m_blocks + m_block]; the CTA that brings it to
+//   num_splits merges that tile's partials from the workspace, writes O and lse, and stores 0
+//   back, so the counters (zeroed once by the caller) are zero again after every launch.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +32,7 @@ struct SplitParams {
   float* __restrict__ ws_o;    // partial O, see the contract above
   float* __restrict__ ws_m;
   float* __restrict__ ws_l;
+  int* __restrict__ tile_counters;  // fused merge, see above; null: the combine kernel merges
 
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;
@@ -44,7 +45,6 @@ struct SplitParams {
   float softmax_scale;                  // natural units
   float scale_log2;                     // softmax_scale * log2(e)
   bool causal;                          // bottom-right aligned: query i sees keys j <= i + kv_len - q_len
-  bool cluster_merge;                   // launched as clusters of num_splits CTAs that merge in place
   SplitPolicy split_policy;
 };
 

@@ -1,12 +1,12 @@
 // Split kernel: one CTA per (query tile, batch x KV head, split) streams its key range
 // through a cp.async pipeline, keeps the online-softmax state and writes the partials
-// of params.h's contract to the workspace, or keeps them in shared memory for the cluster
-// merge, or (with one split) writes the final output.
+// of params.h's contract to the workspace (merging them itself in the last CTA of the tile
+// when the merge is fused), or, with one split, writes the final output.
 #pragma once
 
 #include <cute/tensor.hpp>
 
-#include "splitkv/cluster_merge.h"
+#include "splitkv/fused_merge.h"
 #include "splitkv/kernel_traits.h"
 #include "splitkv/params.h"
 #include "splitkv/utils.h"
@@ -269,7 +269,6 @@ __global__ void __launch_bounds__(Traits::kNThreads) split_kv_kernel(const __gri
   Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));  // (ROWS, D_COLS)
   constexpr int kColPairs = decltype(size<1>(o_rc))::value / 2;
   const bool writes_stats = warp_n == 0 && tid % 4 == 0;
-  const ClusterPartial<Traits> partial{reinterpret_cast<float*>(sK.data().get())};  // over the K/V stages
   CUTE_UNROLL
   for (int i = 0; i < kRows; ++i) {
     const int row = row0 + get<0>(tOcO_rc(i, 0));
@@ -291,17 +290,6 @@ __global__ void __launch_bounds__(Traits::kNThreads) split_kv_kernel(const __gri
         p.lse[(int64_t(b) * p.q_heads + h_q) * p.q_len + q_idx] =
             empty ? -INFINITY : row_max[i] * kLn2 + logf(row_sum[i]);
       }
-    } else if (p.cluster_merge) {
-      const int r = get<0>(tOcO_rc(i, 0));
-      CUTE_UNROLL
-      for (int j = 0; j < kColPairs; ++j) {
-        const int col = get<1>(tOcO_rc(i, make_coord(0, j)));
-        *reinterpret_cast<float2*>(partial.o(r) + col) = make_float2(o_rc(i, make_coord(0, j)), o_rc(i, make_coord(1, j)));
-      }
-      if (writes_stats) {
-        partial.m()[r] = empty ? -INFINITY : row_max[i] * kLn2;
-        partial.l()[r] = row_sum[i];
-      }
     } else {
       const int64_t ws_row = ((int64_t(split) * p.batch + b) * p.kv_heads + h_kv) * p.packed_rows + row;
       float* o_ws = p.ws_o + ws_row * kHeadDim;
@@ -316,7 +304,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) split_kv_kernel(const __gri
       }
     }
   }
-  if (p.cluster_merge) cluster_merge<Traits>(p, partial, row0, b, h_kv);
+  if (p.num_splits > 1 && p.tile_counters != nullptr) merge_if_last_split<Traits>(p, m_block, row0, b, h_kv);
 }
 
 }  // namespace splitkv

@@ -8,7 +8,6 @@ inline constexpr int kBlockKVs[] = {32, 64, 128};
 inline constexpr int kBlockMs[] = {16, 64};
 inline constexpr int kReduceThreads[] = {64, 128, 256};
 inline constexpr int kMaxSplits = 128;
-inline constexpr int kMaxClusterSplits = 16;
 inline constexpr int kKVStages = 2;
 inline constexpr int kNumWarps = 4;
 inline constexpr int kWorkspaceAlign = 128;

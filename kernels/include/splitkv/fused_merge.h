@@ -1,0 +1,43 @@
+// Fused merge: the last split CTA of a query tile to finish merges the tile's S partials
+// (params.h), so no combine kernel is launched and the merge starts as soon as the tile's
+// last partial is written rather than when the whole grid has drained.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "splitkv/merge_state.h"
+#include "splitkv/params.h"
+
+namespace splitkv {
+
+// Called by every thread of a split CTA after it wrote its partial to the workspace.
+template <class Traits>
+CUTE_DEVICE void merge_if_last_split(const SplitParams& p, int m_block, int row0, int b, int h_kv) {
+  using Element = typename Traits::Element;
+  constexpr int kVecs = Traits::kHeadDim / 4;  // float4 items per row
+  __threadfence();  // this CTA's partial is visible device-wide before the counter says so
+  __syncthreads();
+  int is_last = 0;
+  if (threadIdx.x == 0) {
+    int* counter = p.tile_counters + (int64_t(b) * p.kv_heads + h_kv) * p.num_m_blocks + m_block;
+    is_last = atomicAdd(counter, 1) == p.num_splits - 1;
+    if (is_last) *counter = 0;  // every split has arrived: leave it zeroed for the next launch
+  }
+  if (!__syncthreads_or(is_last)) return;
+  __threadfence();  // pairs with the other splits' fences: their partials are visible now
+
+  const int rows = min(Traits::kBlockM, p.packed_rows - row0);
+  const int64_t split_stride = int64_t(p.batch) * p.kv_heads * p.packed_rows;
+  const int64_t tile_row0 = (int64_t(b) * p.kv_heads + h_kv) * p.packed_rows + row0;
+  for (int item = threadIdx.x; item < rows * kVecs; item += Traits::kNThreads) {
+    const int r = item / kVecs;
+    const int col = (item % kVecs) * 4;
+    const MergeState state = fold_partials<Traits::kHeadDim>(p.ws_o, p.ws_m, p.ws_l, p.num_splits, split_stride,
+                                                             tile_row0 + r, col);
+    const int row = row0 + r;
+    store_merged<Element>(state, p.out, p.lse, p.o_batch_stride, p.o_row_stride, p.o_head_stride, p.q_heads,
+                          p.q_len, b, h_kv * p.group + row % p.group, row / p.group, col);
+  }
+}
+
+}  // namespace splitkv
