@@ -300,7 +300,7 @@ class ShapeBench:
         if self.backend == "reference":
             return "none" if c.num_splits == 1 else "reference"
         from splitkv_tune import ops
-        return ops.resolve_merge(c, self.merge)
+        return ops.resolve_merge(self.shape, c, self.merge)
 
     def launcher(self, config: Config, q, k, v) -> Callable[[], torch.Tensor]:
         """A zero-argument callable running ``config`` on one input set."""

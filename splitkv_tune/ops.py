@@ -10,6 +10,7 @@ import math
 import operator
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from splitkv_tune import tunables
 from splitkv_tune.tunables import Config, Shape
@@ -18,7 +19,9 @@ _DTYPES = {torch.float16: ("fp16", 0), torch.bfloat16: ("bf16", 1)}
 _POLICY_CODES = {"length": 0, "blocks": 1}
 _MAX_GRID_Y = 65535
 _workspaces: dict[tuple[int, int], torch.Tensor] = {}
-_counters: dict[tuple[int, int], torch.Tensor] = {}
+# The fused merge's tile counters, one zeroed buffer per workspace tensor: launches that share
+# a workspace are already ordered with each other, so they may share its counters too.
+_counters = WeakIdKeyDictionary()
 
 
 @functools.lru_cache(maxsize=1)
@@ -128,21 +131,27 @@ def resolve_config(shape: Shape, device_index: int, num_splits="auto", block_kv=
     return Config(**given).validate()
 
 
-def resolve_merge(config: Config, merge: str = "auto") -> str:
+def resolve_merge(shape: Shape, config: Config, merge: str = "auto") -> str:
     """How a launch merges its partials: ``"none"`` (one split), ``"fused"`` or ``"kernel"``.
 
     ``"fused"``: the last split CTA of each query tile merges the tile (no combine kernel).
     ``"kernel"``: the combine kernel, with ``reduce_threads`` threads per block. ``"auto"``
-    is ``"fused"``.
+    is ``"fused"`` where that merge is one round of loads per thread
+    (``tunables.fused_merge_fits``), else ``"kernel"``.
 
-    >>> resolve_merge(Config(num_splits=1), "kernel"), resolve_merge(Config(num_splits=8))
-    ('none', 'fused')
+    >>> decode, prefill = Shape("bf16", 128, 1, 32, 8, 1, 4096), Shape("bf16", 128, 1, 32, 8, 16, 4096)
+    >>> [resolve_merge(s, Config(num_splits=8)) for s in (decode, prefill)]
+    ['fused', 'kernel']
+    >>> resolve_merge(decode, Config(num_splits=1), "kernel")
+    'none'
     """
     if merge not in tunables.MERGES:
         raise ValueError(f"merge must be one of {tunables.MERGES}, got {merge!r}")
     if config.num_splits == 1:
         return "none"
-    return "kernel" if merge == "kernel" else "fused"
+    if merge == "auto":
+        return "fused" if tunables.fused_merge_fits(shape) else "kernel"
+    return merge
 
 
 def workspace_size(q: torch.Tensor, k: torch.Tensor, num_splits: int) -> int:
@@ -191,20 +200,15 @@ def _workspace_for(q: torch.Tensor, nbytes: int, workspace) -> torch.Tensor:
     return cached
 
 
-def _tile_counters(q: torch.Tensor, count: int) -> torch.Tensor:
-    """Zeroed int32 counters of the fused merge, one per query tile; every launch leaves them zero.
-
-    Kept per (device, stream) like the workspace, so launches that share them are ordered.
-    Counters taken during graph capture belong to the graph (zeroed there, never cached).
-    """
-    if torch.cuda.is_current_stream_capturing():
-        return torch.zeros(count, dtype=torch.int32, device=q.device)
-    key = (q.device.index, torch.cuda.current_stream(q.device).stream_id)
-    cached = _counters.get(key)
-    if cached is None or cached.numel() < count:
-        cached = torch.zeros(max(count, 1024), dtype=torch.int32, device=q.device)
-        _counters[key] = cached
-    return cached
+def _tile_counters(workspace: torch.Tensor, count: int) -> torch.Tensor:
+    """The fused merge's int32 counters for ``workspace``, one per query tile: zeroed when
+    allocated here, and every launch leaves them zero. A workspace first seen during CUDA-graph
+    capture gets counters from the graph's pool, zeroed inside the graph."""
+    counters = _counters.get(workspace)
+    if counters is None or counters.numel() < count:
+        counters = torch.zeros(max(count, 1024), dtype=torch.int32, device=workspace.device)
+        _counters[workspace] = counters
+    return counters
 
 
 def _strides(prefix: str, t: torch.Tensor) -> dict:
@@ -225,11 +229,12 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       device=q.device)
     shape = Shape(_DTYPES[q.dtype][0], head_dim, batch, q_heads, kv_heads, q_len, k.shape[1], causal)
     m_off, l_off, nbytes = tunables.workspace_sections(shape, num_splits)
-    base = _workspace_for(q, nbytes, workspace).data_ptr()
+    workspace = _workspace_for(q, nbytes, workspace)
+    base = workspace.data_ptr()
     block_m = tunables.block_m_for(shape.packed_rows)
     counters = 0
     if fused_merge and num_splits > 1:
-        counters = _tile_counters(q, batch * kv_heads * tunables.num_m_blocks(shape)).data_ptr()
+        counters = _tile_counters(workspace, batch * kv_heads * tunables.num_m_blocks(shape)).data_ptr()
     stream = torch.cuda.current_stream(q.device).cuda_stream
     common = {"out": out.data_ptr(), "lse": lse.data_ptr() if return_lse else 0,
               "ws_o": base, "ws_m": base + m_off, "ws_l": base + l_off, "tile_counters": counters,
@@ -289,7 +294,7 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
     if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale):
         raise ValueError(f"softmax_scale must be a finite number, got {softmax_scale!r}")
     config = resolve_config(shape, q.device.index, num_splits, block_kv, reduce_threads, split_policy)
-    fused_merge = resolve_merge(config, merge) == "fused"
+    fused_merge = resolve_merge(shape, config, merge) == "fused"
     _check_workspace(q, workspace)
     op = _attention_op if torch.compiler.is_compiling() else _attention_impl
     out, lse = op(q, k, v, workspace, bool(causal), float(softmax_scale), config.num_splits,

@@ -24,8 +24,9 @@ Numeric contract of the partials (also written in ``kernels/include/splitkv/para
   With ``S == 1`` the split kernel writes the final output and no workspace is used.
 * Fused merge: each split CTA adds 1 to its query tile's counter once its partial is in the
   workspace; the CTA that brings it to ``S`` merges the tile with the same formula and sets
-  the counter back to 0. The counters (int32, one per query tile and (batch, KV head)) are
-  zeroed once when ``ops.py`` allocates them and every launch leaves them zero.
+  the counter back to 0. The counters (int32, one per query tile and (batch, KV head)) sit
+  beside the workspace: ``ops.py`` keeps one zeroed buffer per workspace tensor, and every
+  launch leaves it zero.
 """
 from __future__ import annotations
 
@@ -188,6 +189,20 @@ def smem_bytes(head_dim: int, block_kv: int, block_m: int) -> int:
     elems = block_m * head_dim + KV_STAGES * 2 * block_kv * head_dim + block_m * block_kv
     exchange = 2 * warps_n * block_m * 4 if warps_n > 1 else 0
     return elems * 2 + exchange
+
+
+def fused_merge_fits(shape: Shape) -> bool:
+    """Whether the fused merge of one query tile is one float4 per thread of the last CTA.
+
+    Past that, the last CTA merges rows one after another and the combine kernel, spread over
+    many CTAs, is faster (H200: 14% slower fused at Sq = 4, 63% at a 16-query causal chunk;
+    ``docs/NOTES.md``).
+
+    >>> [fused_merge_fits(Shape("bf16", 128, 1, 32, 8, q, 4096)) for q in (1, 2)]
+    [True, False]
+    """
+    rows = min(block_m_for(shape.packed_rows), shape.packed_rows)
+    return rows * shape.head_dim // 4 <= NUM_WARPS * 32
 
 
 def num_m_blocks(shape: Shape) -> int:

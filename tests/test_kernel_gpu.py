@@ -448,8 +448,9 @@ def test_current_stream(ops, cuda_gen):
     assert torch.equal(got, want)
 
 
-def test_cuda_graph_capture(ops, cuda_gen):
-    c = _small_case(num_splits=8)
+@pytest.mark.parametrize("merge", ["kernel", "fused"])
+def test_cuda_graph_capture(ops, cuda_gen, merge):
+    c = _small_case(num_splits=8, q_len=1, merge=merge)
     q, k, v = _inputs(c, cuda_gen)
     ws = torch.empty(ops.workspace_size(q, k, 8), dtype=torch.uint8, device="cuda")
     side = torch.cuda.Stream()
@@ -463,9 +464,12 @@ def test_cuda_graph_capture(ops, cuda_gen):
     q2, k2, v2 = _inputs(c, cuda_gen)
     q.copy_(q2), k.copy_(k2), v.copy_(v2)
     graph.replay()
+    graph.replay()  # the fused merge's counters are zero again for the second replay
     torch.cuda.synchronize()
     ref_out, _, pt_out = _references(q, k, v, False)
     _assert_rule(out, ref_out, pt_out, "graph replay")
+    if merge == "fused":
+        assert int(ops._counters[ws].abs().sum()) == 0
 
 
 def test_torch_compile(ops, cuda_gen):

@@ -17,6 +17,10 @@ python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/nvidia-smi.txt"
 flag=${GPU:-h200}
 gpu=$(python3 -c "from splitkv_tune.gpus import resolve_gpu; print(resolve_gpu('$flag'))")
+# SM clock, memory clock and power every 0.5 s while this runs: per-CTA stream rates follow the SM clock.
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 500 >"$out/clocks.csv" 2>&1 &
+clock_log=$!
+trap 'kill $clock_log 2>/dev/null' EXIT
 small_decode="1 8 1 4096|1 8 1 16384|1 8 1 65536|1 32 1 4096|4 8 1 4096|4 8 1 16384|1 8 4 16384|1 8 16 16384 --causal"
 for mode in "$@"; do
   case "$mode" in
