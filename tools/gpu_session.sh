@@ -58,6 +58,7 @@ for mode in "$@"; do
     compare)
       timeout 300 splitkv-tune compare --grid quick --table results/$gpu/heuristics.csv --out results/$gpu/compare \
         --peers "${PEERS:-sdpa_flash,sdpa_cudnn,flex}" --no-progress 2>&1 | tail -30 | tee "$out/compare.log"
+      tar czf "$out/results.tgz" results/$gpu
       timeout 120 splitkv-tune compare --grid configs/prefill.yaml --config 1,64,128,blocks --peers sdpa_flash,sdpa_cudnn \
         --out results/$gpu/compare_prefill --no-progress 2>&1 | tail -8 | tee "$out/prefill.log"
       splitkv-tune env > "$out/env.txt" 2>&1
