@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import statistics
@@ -262,6 +263,12 @@ def resolve_auto(shape: Shape, config: Config, num_sms: int = 132) -> Config:
                      for f in auto})
 
 
+def _checked_merge(merge: str) -> str:
+    if merge not in tunables.MERGES:
+        raise ValueError(f"merge must be one of {tunables.MERGES}, got {merge!r}")
+    return merge
+
+
 class ShapeBench:
     """Inputs, reference and timing for one shape, reused across the configs measured on it."""
 
@@ -270,9 +277,7 @@ class ShapeBench:
                  check: bool = True, seed: int = 0, num_sms: int = 132, merge: str = "auto"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if merge not in tunables.MERGES:
-            raise ValueError(f"merge must be one of {tunables.MERGES}, got {merge!r}")
-        self.merge = merge
+        self.merge = _checked_merge(merge)
         self.shape = shape.validate()
         self.backend = backend
         self.device = torch.device(device) if device is not None else default_device(backend)
@@ -282,8 +287,8 @@ class ShapeBench:
         self.num_sms = num_sms
         self.scale = 1.0 / math.sqrt(shape.head_dim)
         self.inputs = make_inputs(shape, self.device, input_sets_needed(shape, self.device), seed)
-        self._reference: tuple[torch.Tensor, float] | None = None
-        self._workspace_buffer: torch.Tensor | None = None
+        # The reference and the workspace, shared with the copies ``with_merge`` makes.
+        self._shared: dict = {}
 
     def resolve(self, config: Config) -> Config:
         """``config`` with its ``"auto"`` fields filled as the launch fills them."""
@@ -293,6 +298,12 @@ class ShapeBench:
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         return ops.resolve_config(self.shape, index, config.num_splits, config.block_kv,
                                   config.reduce_threads, config.split_policy)
+
+    def with_merge(self, merge: str) -> "ShapeBench":
+        """This bench (same inputs, reference and workspace) launching with another ``merge``."""
+        other = copy.copy(self)
+        other.merge = _checked_merge(merge)
+        return other
 
     def resolve_merge(self, config: Config) -> str:
         """How the launch of ``config`` merges its partials (``ops.resolve_merge``)."""
@@ -325,14 +336,15 @@ class ShapeBench:
         """One workspace shared by every input set (the launches are stream-ordered)."""
         if not nbytes:
             return None
-        if self._workspace_buffer is None or self._workspace_buffer.numel() < nbytes:
-            self._workspace_buffer = None
-            self._workspace_buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        return self._workspace_buffer[:nbytes]
+        buffer = self._shared.get("workspace")
+        if buffer is None or buffer.numel() < nbytes:
+            self._shared.pop("workspace", None)  # free the old one before taking a larger one
+            buffer = self._shared["workspace"] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return buffer[:nbytes]
 
     def reference(self) -> tuple[torch.Tensor, float]:
         """fp32 reference output of input set 0 and the tolerance of this shape."""
-        if self._reference is None:
+        if "reference" not in self._shared:
             from splitkv_tune import reference
             q, k, v = self.inputs[0]
             outs, lowp_err = [], 0.0
@@ -345,8 +357,8 @@ class ShapeBench:
                 lowp_err = max(lowp_err, (lowp.float() - ref).abs().max().item())
                 outs.append(ref)
             tol = 2 * lowp_err + ABS_TOLERANCE[self.shape.dtype]
-            self._reference = (torch.cat(outs), tol)
-        return self._reference
+            self._shared["reference"] = (torch.cat(outs), tol)
+        return self._shared["reference"]
 
     def verify(self, out: torch.Tensor) -> tuple[bool, float, float]:
         """(passed, max abs error, tolerance) of one output against the fp32 reference."""

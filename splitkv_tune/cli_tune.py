@@ -154,34 +154,29 @@ def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, spli
     configs = [Config(*values) for values in itertools.product(
         _parse_list(splits, "--splits", int), _parse_list(block_kv, "--block-kv", int),
         _parse_list(reduce_threads, "--reduce-threads", int), _parse_list(policy, "--policy", str))]
-    merges = list(dict.fromkeys(_parse_list(merge, "--merge", str)))
-    for m in merges:
-        if m not in tunables.MERGES:
-            raise click.BadParameter(f"must be one of {tunables.MERGES}, got {m!r}",
-                                     param_hint="--merge")
     if breakdown and backend != "cuda":
         raise click.UsageError("--breakdown traces CUDA kernels: it needs --backend cuda")
     _backend_or_exit(backend)
     timing = _timing(space.TIMING_DEFAULTS, warmup_s, min_reps, max_time_s)
     shape_bench = bench_mod.ShapeBench(shape, backend=backend, check=not no_check,
                                        num_sms=_num_sms(backend, None), **timing)
+    try:
+        benches = [shape_bench.with_merge(m) for m in _parse_list(merge, "--merge", str)]
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--merge")
     copy_bw = bench_mod.copy_bandwidth_gbps(shape_bench.device, **timing)
     rows = []
     try:
         configs = list(dict.fromkeys(shape_bench.resolve(c) for c in configs))
     except ValueError as err:
         raise click.UsageError(f"bad config: {err}")
-    runs = []
-    for config, merge_mode in itertools.product(configs, merges):
-        shape_bench.merge = merge_mode
-        try:
-            merged_by = shape_bench.resolve_merge(config)
-        except ValueError as err:
-            raise click.UsageError(f"bad merge: {err}")
+    runs = {}  # (config, how it merges) -> the bench that launches it
+    for config, merge_bench in itertools.product(configs, benches):
+        merged_by = merge_bench.resolve_merge(config)
         if (config, merged_by) in runs:
             continue
-        runs.append((config, merged_by))
-        result = shape_bench.measure(config)
+        runs[(config, merged_by)] = merge_bench
+        result = merge_bench.measure(config)
         gbps = result.gbps(shape.bytes_moved())
         rows.append({"num_splits": config.num_splits, "block_kv": config.block_kv,
                      "reduce_threads": config.reduce_threads, "split_policy": config.split_policy,
@@ -198,19 +193,19 @@ def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, spli
     if csv_path:
         table.atomic_write_csv(csv_path, frame)
     if breakdown:
-        _print_breakdowns(shape_bench, runs, frame)
+        _print_breakdowns(runs, frame)
 
 
-def _print_breakdowns(shape_bench, runs, frame) -> None:
+def _print_breakdowns(runs, frame) -> None:
     """One kernel-time table per (config, merge) that ran correctly."""
     from splitkv_tune import breakdown as breakdown_mod
     import pandas as pd
 
-    for (config, merged_by), status, per_call_us in zip(runs, frame["status"], frame["median_us"]):
+    for ((config, merged_by), merge_bench), status, per_call_us in zip(
+            runs.items(), frame["status"], frame["median_us"]):
         if status != "ok":
             continue
-        shape_bench.merge = "auto" if merged_by == "none" else merged_by
-        rows = pd.DataFrame(breakdown_mod.config_breakdown(shape_bench, config, per_call_us))
+        rows = pd.DataFrame(breakdown_mod.config_breakdown(merge_bench, config, per_call_us))
         rows["share"] = (100 * rows["share"]).map(lambda x: f"{x:.1f}%")
         click.echo(f"\nkernels of {config} (merge: {merged_by}):")
         click.echo(rows.to_string(index=False, float_format=lambda x: f"{x:.2f}", na_rep="-"))

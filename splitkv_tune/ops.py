@@ -231,7 +231,6 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     m_off, l_off, nbytes = tunables.workspace_sections(shape, num_splits)
     workspace = _workspace_for(q, nbytes, workspace)
     base = workspace.data_ptr()
-    block_m = tunables.block_m_for(shape.packed_rows)
     counters = 0
     if fused_merge and num_splits > 1:
         counters = _tile_counters(workspace, batch * kv_heads * tunables.num_m_blocks(shape)).data_ptr()
@@ -245,7 +244,7 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         ext.split_forward({**common, **_strides("q", q), **_strides("k", k), **_strides("v", v),
                            "q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(),
                            "q_heads": q_heads, "kv_len": k.shape[1], "num_splits": num_splits,
-                           "block_m": block_m,
+                           "block_m": tunables.block_m_for(shape.packed_rows),
                            "block_kv": block_kv, "softmax_scale": softmax_scale,
                            "causal": causal, "split_policy": split_policy,
                            "device": q.device.index})

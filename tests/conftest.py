@@ -107,3 +107,10 @@ def _random_shapes(n: int, seed: int = 0):
 def random_shapes():
     """Seeded random shape generator shared by the selector and export tests."""
     return _random_shapes
+
+
+@pytest.fixture(scope="module")
+def ops():
+    """``splitkv_tune.ops``, imported by the GPU tests only, so CPU collection never needs it."""
+    from splitkv_tune import ops as module
+    return module

@@ -34,20 +34,21 @@ def test_cuda_config_is_checked_then_timed():
 
 
 def test_breakdown_charges_each_kernel_once():
-    shape_bench = bench.ShapeBench(SHAPE, merge="kernel", **FAST)
+    kernel_merge = bench.ShapeBench(SHAPE, merge="kernel", **FAST)
 
-    def kernel_rows(config):
+    def kernel_rows(shape_bench, config):
         timing = shape_bench.measure(config)
         assert timing.status == "ok", timing.reason
         return {r["kernel"]: r for r in breakdown.config_breakdown(shape_bench, config, timing.median_us)}
 
-    rows = kernel_rows(Config(8, 64, 128, "blocks"))
+    rows = kernel_rows(kernel_merge, Config(8, 64, 128, "blocks"))
     assert {"split_kv_kernel", "combine_kernel", "(gaps)"} == set(rows)
     assert rows["split_kv_kernel"]["launches_per_call"] == rows["combine_kernel"]["launches_per_call"] == 1
     assert 0.9 < sum(r["share"] for r in rows.values()) < 1.1
-    assert set(kernel_rows(Config(1, 64, 128, "blocks"))) == {"split_kv_kernel", "(gaps)"}
-    shape_bench.merge = "fused"  # the last split CTA of each tile merges: one kernel
-    assert set(kernel_rows(Config(8, 64, 128, "blocks"))) == {"split_kv_kernel", "(gaps)"}
+    assert set(kernel_rows(kernel_merge, Config(1, 64, 128, "blocks"))) == {"split_kv_kernel", "(gaps)"}
+    # The last split CTA of each tile merges: one kernel.
+    fused = kernel_rows(kernel_merge.with_merge("fused"), Config(8, 64, 128, "blocks"))
+    assert set(fused) == {"split_kv_kernel", "(gaps)"}
 
 
 def test_wrong_output_is_never_timed(monkeypatch):
