@@ -195,9 +195,10 @@ inline int block_m_for(std::int64_t rows) { @BLOCK_M_FOR@ }
 inline std::int64_t warps_n(int bm) { @WARPS_N@ }
 
 inline std::int64_t smem_bytes(std::int64_t d, std::int64_t bkv, int bm) {
-  std::int64_t elems = bm * d + kKvStages * 2 * bkv * d + bm * bkv;
+  std::int64_t elems = bm * d + kKvStages * 2 * bkv * d;
   std::int64_t wn = warps_n(bm);
-  return elems * 2 + (wn > 1 ? 2 * wn * bm * 4 : 0);
+  if (wn == 1 || bkv % (16 * wn) == 0) return elems * 2;  // no P tile, no row exchange
+  return (elems + bm * bkv) * 2 + 2 * wn * bm * 4;
 }
 
 inline std::int64_t align_up(std::int64_t n) { return ceil_div(n, @ALIGN@) * @ALIGN@; }

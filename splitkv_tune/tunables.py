@@ -179,16 +179,31 @@ def block_m_for(packed_rows: int) -> int:
     return 16 if packed_rows <= 16 else 64
 
 
-def smem_bytes(head_dim: int, block_kv: int, block_m: int) -> int:
-    """Shared memory of one split-kernel CTA: Q tile, K and V stages, P tile, row exchange.
+def warps_own_keys(block_m: int, block_kv: int) -> bool:
+    """Whether each warp of a tile owns its own keys of every K/V stage (the decode loop).
 
-    >>> smem_bytes(128, 128, 16)
-    139776
+    Needs warps along N and at least 16 keys per warp (the k of the P V MMA); otherwise the
+    warps share each key block and exchange row statistics and P through shared memory.
+
+    >>> [warps_own_keys(16, bkv) for bkv in BLOCK_KV], warps_own_keys(64, 128)
+    ([False, True, True], False)
     """
     warps_n = BLOCK_M[block_m][1]
-    elems = block_m * head_dim + KV_STAGES * 2 * block_kv * head_dim + block_m * block_kv
-    exchange = 2 * warps_n * block_m * 4 if warps_n > 1 else 0
-    return elems * 2 + exchange
+    return warps_n > 1 and block_kv % (16 * warps_n) == 0
+
+
+def smem_bytes(head_dim: int, block_kv: int, block_m: int) -> int:
+    """Shared memory of one split-kernel CTA: Q tile and K and V stages, plus the P tile
+    and the row exchange when the warps share key blocks.
+
+    >>> smem_bytes(128, 128, 16), smem_bytes(128, 32, 16)
+    (135168, 38400)
+    """
+    warps_n = BLOCK_M[block_m][1]
+    elems = block_m * head_dim + KV_STAGES * 2 * block_kv * head_dim
+    if warps_n == 1 or warps_own_keys(block_m, block_kv):
+        return elems * 2
+    return (elems + block_m * block_kv) * 2 + 2 * warps_n * block_m * 4
 
 
 def fused_merge_fits(shape: Shape) -> bool:

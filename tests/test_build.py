@@ -43,7 +43,8 @@ def _cutlass_include():
 
 def _compile_inputs():
     inst = codegen.INST_DIR
-    return [inst / "split_bf16_hd128_bm16_bkv64.cu", inst / "split_fp16_hd64_bm64_bkv32.cu",
+    return [inst / "split_bf16_hd128_bm16_bkv64.cu", inst / "split_bf16_hd128_bm16_bkv32.cu",
+            inst / "split_fp16_hd64_bm64_bkv32.cu",
             inst / "combine_bf16_hd128.cu", ROOT / "kernels" / "dispatch.cu"]
 
 

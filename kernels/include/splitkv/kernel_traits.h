@@ -25,6 +25,12 @@ struct SplitKernelTraits {
   // taller tiles put them along M, as FlashAttention-2 does.
   static constexpr int kWarpsM = kBlockM == 16 ? 1 : kNWarps;
   static constexpr int kWarpsN = kNWarps / kWarpsM;
+  // Decode tiles with at least 16 keys per warp give each warp its own rows of every K/V
+  // stage and its own softmax state and O (decode_mainloop.h): no barrier inside the loop.
+  // Below that a warp's keys cannot fill the k = 16 of the P V MMA, so warps exchange the
+  // row statistics and P through shared memory instead (tile_mainloop.h).
+  static constexpr bool kWarpsOwnKeys = kWarpsN > 1 && kBlockKV % (16 * kWarpsN) == 0;
+  static constexpr int kKeysPerWarp = kBlockKV / kWarpsN;
 
   static_assert(is_allowed(kHeadDims, kHeadDim), "head dim not in tunables.h");
   static_assert(is_allowed(kBlockMs, kBlockM), "block M not in tunables.h");
@@ -38,6 +44,8 @@ struct SplitKernelTraits {
                                      SM80_16x8x16_F32F16F16F32_TN, SM80_16x8x16_F32BF16BF16F32_TN>;
   using TiledMma = TiledMMA<MMA_Atom<MmaAtom>, Layout<Shape<Int<kWarpsM>, Int<kWarpsN>, _1>>,
                             Tile<Int<16 * kWarpsM>, Int<8 * kWarpsN>, _16>>;
+  // One warp's MMA, for the loop in which warps own keys.
+  using WarpMma = TiledMMA<MMA_Atom<MmaAtom>, Layout<Shape<_1, _1, _1>>, Tile<_16, _8, _16>>;
 
   // 128-byte rows swizzled in 16-byte chunks: conflict-free ldmatrix and cp.async.
   template <int kCols>
@@ -70,17 +78,29 @@ struct SplitKernelTraits {
              Stride<Int<kGmemThreadsPerRow>, _1>>{},
       Layout<Shape<_1, Int<kGmemElemsPerLoad>>>{}));
   static_assert(kBlockKV % (kNThreads / kGmemThreadsPerRow) == 0, "K/V rows split evenly over threads");
+  // One warp copying its own K/V rows (decode_mainloop.h).
+  using GmemCopyKVWarp = decltype(make_tiled_copy(
+      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>, Element>{},
+      Layout<Shape<Int<32 / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>, Stride<Int<kGmemThreadsPerRow>, _1>>{},
+      Layout<Shape<_1, Int<kGmemElemsPerLoad>>>{}));
+  static_assert(!kWarpsOwnKeys || kKeysPerWarp % (32 / kGmemThreadsPerRow) == 0, "a warp's K/V rows split evenly");
 
   static constexpr int kQElems = kBlockM * kHeadDim;
   static constexpr int kKVElems = kBlockKV * kHeadDim * kStages;  // K or V, all stages
-  static constexpr int kPElems = kBlockM * kBlockKV;
   static_assert(decltype(cosize(SmemLayoutQ{}))::value == kQElems);
   static_assert(decltype(cosize(SmemLayoutKV{}))::value == kKVElems);
-  static_assert(decltype(cosize(SmemLayoutP{}))::value == kPElems);
-  // Per-row partial max and sum exchanged between the warps that share a row.
-  static constexpr int kExchangeFloats = kWarpsN > 1 ? 2 * kWarpsN * kBlockM : 0;
+  static_assert(decltype(cosize(SmemLayoutP{}))::value == kBlockM * kBlockKV);
+  // The P tile and the per-row partial max and sum, when warps that split a tile's keys
+  // exchange them (tile_mainloop.h).
+  static constexpr bool kExchanges = kWarpsN > 1 && !kWarpsOwnKeys;
+  static constexpr int kPElems = kExchanges ? kBlockM * kBlockKV : 0;
+  static constexpr int kExchangeFloats = kExchanges ? 2 * kWarpsN * kBlockM : 0;
   static constexpr int kSmemBytes =
       int(sizeof(Element)) * (kQElems + 2 * kKVElems + kPElems) + 4 * kExchangeFloats;
+  // After the loop of decode_mainloop.h, each warp's row max and sum, then its O fragment,
+  // overwrite the Q and K/V stages.
+  static constexpr int kWarpMergeFloats = kWarpsOwnKeys ? kNWarps * kBlockM * (2 + kHeadDim) : 0;
+  static_assert(4 * kWarpMergeFloats <= kSmemBytes, "the warps' merge fits the K/V stages");
 };
 
 template <int kHeadDim_, int kThreads_, typename Element_>

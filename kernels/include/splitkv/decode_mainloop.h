@@ -1,0 +1,188 @@
+// The split kernel's main loop for decode tiles (16 packed rows) in which each warp owns keys:
+// warp w loads and reads rows [w * kKeysPerWarp, (w + 1) * kKeysPerWarp) of every K/V stage,
+// and keeps its own softmax state and a full 16 x D accumulator of O. A warp waits only on its
+// own cp.async groups, so the loop has no CTA barrier, no cross-warp max/sum exchange and no
+// P round trip through shared memory (the three cost ~230 ns per key block in the tile loop,
+// docs/NOTES.md). After the loop the warps' states are merged once, through shared memory,
+// with the same rule as the split partials (params.h).
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "splitkv/kernel_traits.h"
+#include "splitkv/split_rows.h"
+#include "splitkv/utils.h"
+
+namespace splitkv {
+
+using namespace cute;
+
+template <class Traits>
+CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCta& cta) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockKV = Traits::kBlockKV;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kNWarps = Traits::kNWarps;
+  constexpr int kKeysPerWarp = Traits::kKeysPerWarp;
+  static_assert(Traits::kWarpsOwnKeys && kBlockM == 16, "one 16-row MMA tile per warp");
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+
+  auto smem_tensors = smem_q_kv<Traits>(smem);
+  Tensor sQ = get<0>(smem_tensors);                                              // (kBlockM, kHeadDim)
+  Tensor sK = get<1>(smem_tensors);                                              // (kBlockKV, kHeadDim, kStages)
+  Tensor sV = get<2>(smem_tensors);                                              // (kBlockKV, kHeadDim, kStages)
+  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});          // (kHeadDim, kBlockKV, kStages)
+  Tensor sVtNoSwizzle = make_tensor(sV.data().get(), typename Traits::SmemLayoutVtNoSwizzle{});
+  // This warp's rows of every stage.
+  using WarpKV = Shape<Int<kKeysPerWarp>, Int<kHeadDim>, Int<kStages>>;
+  using WarpVt = Shape<Int<kHeadDim>, Int<kKeysPerWarp>, Int<kStages>>;
+  Tensor sKw = local_tile(sK, WarpKV{}, make_coord(warp, 0, 0));                 // (kKeysPerWarp, kHeadDim, kStages)
+  Tensor sVw = local_tile(sV, WarpKV{}, make_coord(warp, 0, 0));                 // (kKeysPerWarp, kHeadDim, kStages)
+  Tensor sVtw = local_tile(sVt, WarpVt{}, make_coord(0, warp, 0));               // (kHeadDim, kKeysPerWarp, kStages)
+  Tensor sVtwNoSwizzle = local_tile(sVtNoSwizzle, WarpVt{}, make_coord(0, warp, 0));
+
+  typename Traits::GmemCopyKVWarp gmem_copy;
+  auto gmem_thr_copy = gmem_copy.get_thread_slice(lane);
+  Tensor tKVcKV = gmem_thr_copy.partition_S(
+      make_identity_tensor(Shape<Int<kKeysPerWarp>, Int<kHeadDim>>{}));        // (CPY, CPY_N, CPY_D) -> (n, d)
+  const int warp_key0 = cta.range.x + warp * kKeysPerWarp;
+  auto load_kv = [&](int tile, int stage) {
+    const int n0 = warp_key0 + tile * kBlockKV;
+    auto [gK, gV] = kv_tiles<kKeysPerWarp, kHeadDim, Element>(p, cta.b, cta.h_kv, n0);  // (kKeysPerWarp, kHeadDim)
+    copy_kv_rows(gmem_copy, gmem_thr_copy, tKVcKV, gK, gV, sKw(_, _, stage), sVw(_, _, stage), cta.range.y - n0);
+  };
+
+  typename Traits::WarpMma warp_mma;
+  auto thr_mma = warp_mma.get_thread_slice(lane);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);                         // (MMA, MMA_M, MMA_D)
+  Tensor tSrK = thr_mma.partition_fragment_B(sKw(_, _, 0));               // (MMA, MMA_N, MMA_D)
+  Tensor tOrVt = thr_mma.partition_fragment_B(sVtwNoSwizzle(_, _, 0));    // (MMA, MMA_D, MMA_N)
+  Tensor acc_o = partition_fragment_C(warp_mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D)
+  clear(acc_o);
+
+  auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyA{}, warp_mma);
+  auto smem_thr_copy_q = smem_copy_q.get_thread_slice(lane);
+  auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyB{}, warp_mma);
+  auto smem_thr_copy_k = smem_copy_k.get_thread_slice(lane);
+  Tensor tSsK = smem_thr_copy_k.partition_S(sKw);                         // (CPY, CPY_N, CPY_D, kStages)
+  auto smem_copy_vt = make_tiled_copy_B(typename Traits::SmemCopyBt{}, warp_mma);
+  auto smem_thr_copy_vt = smem_copy_vt.get_thread_slice(lane);
+  Tensor tOsVt = smem_thr_copy_vt.partition_S(sVtw);                      // (CPY, CPY_D, CPY_N, kStages)
+
+  // (row, key) coordinates of this lane's score accumulators within the warp's keys.
+  Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kKeysPerWarp>>{}));
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));   // (ROWS, COLS)
+  constexpr int kRows = decltype(size<0>(tScS_rc))::value;
+  float row_max[kRows];  // running max of this warp's scores, base-2 units
+  float row_sum[kRows];  // this lane's share of the warp's running sum
+  int key_limit[kRows];  // keys visible to the row: < key_limit (split end and the causal diagonal)
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    row_max[i] = -INFINITY;
+    row_sum[i] = 0.f;
+    const int q_idx = (cta.row0 + get<0>(tScS_rc(i, 0))) / p.group;
+    key_limit[i] = p.causal ? min(cta.range.y, q_idx + 1 + p.kv_len - p.q_len) : cta.range.y;
+  }
+
+  CUTE_UNROLL
+  for (int s = 0; s < kStages; ++s) {
+    if (s < cta.n_tiles) load_kv(s, s);
+    cp_async_fence();
+  }
+  // Q is gathered by the whole CTA while the first K/V stages are in flight, then kept in
+  // registers for the whole loop.
+  gather_q<Traits::kNThreads, Element>(p, sQ, cta.row0, cta.b, cta.h_kv);
+  __syncthreads();
+  copy(smem_copy_q, smem_thr_copy_q.partition_S(sQ), smem_thr_copy_q.retile_D(tSrQ));
+
+  Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));    // (ROWS, D_COLS)
+  for (int t = 0; t < cta.n_tiles; ++t) {
+    const int stage = t % kStages;
+    cp_async_wait<kStages - 1>();
+    __syncwarp();  // the whole warp's copies of this stage have landed
+
+    Tensor acc_s = partition_fragment_C(warp_mma, Shape<Int<kBlockM>, Int<kKeysPerWarp>>{});  // (MMA, MMA_M, MMA_N)
+    clear(acc_s);
+    gemm_rs(warp_mma, acc_s, tSrQ, tSrK, tSsK(_, _, _, stage), smem_copy_k, smem_thr_copy_k);
+
+    Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));  // (ROWS, COLS)
+    float tile_max[kRows];
+    scale_mask_max(s_rc, tScS_rc, key_limit, warp_key0 + t * kBlockKV, p.scale_log2, tile_max);
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) tile_max[i] = lane_group_reduce<4, true>(tile_max[i]);  // the quad sharing a row
+    online_softmax_step(s_rc, o_rc, row_max, row_sum, tile_max);
+
+    Tensor rP = convert_fragment<Element>(acc_s);
+    Tensor tOrP = make_tensor(rP.data(), acc_to_a_layout(rP.layout()));  // (MMA, MMA_M, MMA_N / 2)
+    gemm_rs(warp_mma, acc_o, tOrP, tOrVt, tOsVt(_, _, _, stage), smem_copy_vt, smem_thr_copy_vt);
+
+    __syncwarp();  // every lane is done reading this stage
+    if (t + kStages < cta.n_tiles) load_kv(t + kStages, stage);
+    cp_async_fence();
+  }
+  cp_async_wait<0>();
+  allow_dependent_launch();
+
+  // Merge the warps. Shared memory, reused once every warp is done with Q and K/V:
+  // m[kNWarps][kBlockM], l[kNWarps][kBlockM], then O[kNWarps][fragment index][lane].
+  constexpr int kFrag = decltype(size(acc_o))::value;  // kBlockM * kHeadDim / 32
+  float* warp_m = reinterpret_cast<float*>(smem);
+  float* warp_l = warp_m + kNWarps * kBlockM;
+  float* warp_o = warp_l + kNWarps * kBlockM;
+  static_assert(2 * kNWarps * kBlockM + kNWarps * kFrag * 32 == Traits::kWarpMergeFloats);
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) row_sum[i] = lane_group_reduce<4, false>(row_sum[i]);
+  __syncthreads();
+  if (lane % 4 == 0) {
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      warp_m[warp * kBlockM + get<0>(tScS_rc(i, 0))] = row_max[i];
+      warp_l[warp * kBlockM + get<0>(tScS_rc(i, 0))] = row_sum[i];
+    }
+  }
+  __syncthreads();
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    const int r = get<0>(tScS_rc(i, 0));
+    float m = -INFINITY;
+    CUTE_UNROLL
+    for (int w = 0; w < kNWarps; ++w) m = fmaxf(m, warp_m[w * kBlockM + r]);
+    const float m_use = m == -INFINITY ? 0.f : m;  // a row with no key: every weight below is 0
+    float l = 0.f;
+    CUTE_UNROLL
+    for (int w = 0; w < kNWarps; ++w) l += warp_l[w * kBlockM + r] * exp2f(warp_m[w * kBlockM + r] - m_use);
+    const float weight = exp2f(row_max[i] - m_use);
+    CUTE_UNROLL
+    for (int j = 0; j < size<1>(o_rc); ++j) o_rc(i, j) *= weight;
+    row_max[i] = m;
+    row_sum[i] = l;
+  }
+  CUTE_UNROLL
+  for (int k = 0; k < kFrag; ++k) warp_o[(warp * kFrag + k) * 32 + lane] = acc_o(k);
+  __syncthreads();
+
+  // Warp w sums and writes the fragment entries of columns [w * D / kNWarps, (w + 1) * D / kNWarps):
+  // acc_o is (4, 1, D / 8) column-major, so those are a contiguous quarter of the fragment.
+  constexpr int kColsPerWarp = kHeadDim / kNWarps;
+  Tensor acc_out = make_tensor<float>(Shape<_4, _1, Int<kColsPerWarp / 8>>{});  // (MMA, MMA_M, MMA_D / kNWarps)
+  static_assert(size(acc_out) * kNWarps == kFrag);
+  CUTE_UNROLL
+  for (int k = 0; k < size(acc_out); ++k) {
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int w = 0; w < kNWarps; ++w) sum += warp_o[(w * kFrag + warp * size(acc_out) + k) * 32 + lane];
+    acc_out(k) = sum;
+  }
+  Tensor cO = local_tile(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}),
+                         Shape<Int<kBlockM>, Int<kColsPerWarp>>{}, make_coord(0, warp));  // (kBlockM, kColsPerWarp)
+  Tensor tOcO = thr_mma.partition_C(cO);                                  // (MMA, MMA_M, MMA_D / kNWarps)
+  Tensor out_rc = make_tensor(acc_out.data(), acc_rowcol(acc_out.layout()));
+  Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
+  store_rows<kHeadDim, Element>(p, out_rc, tOcO_rc, row_max, row_sum, cta.row0, cta.b, cta.h_kv, cta.split,
+                                warp == 0 && lane % 4 == 0);
+}
+
+}  // namespace splitkv

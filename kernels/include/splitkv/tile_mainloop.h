@@ -1,0 +1,162 @@
+// The split kernel's main loop for tiles whose warps share every key block: 64-row tiles
+// (warps along M, P kept in registers, as FlashAttention-2) and 16-row tiles with too few keys
+// per warp to own them (warps along N exchanging row statistics and P through shared memory).
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "splitkv/kernel_traits.h"
+#include "splitkv/split_rows.h"
+#include "splitkv/utils.h"
+
+namespace splitkv {
+
+using namespace cute;
+
+// Combines per-thread row values (max or sum) across the quad and the warps that share a row.
+template <bool kMax, int kWarpsN, int kBlockM, int kRows, class RowCoords>
+CUTE_DEVICE void exchange_rows(float (&vals)[kRows], float* slots, RowCoords const& rc, int warp_n) {
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) vals[i] = lane_group_reduce<4, kMax>(vals[i]);  // the quad sharing a row
+  if constexpr (kWarpsN > 1) {
+    if (threadIdx.x % 4 == 0) {
+      CUTE_UNROLL
+      for (int i = 0; i < kRows; ++i) slots[warp_n * kBlockM + get<0>(rc(i, 0))] = vals[i];
+    }
+    __syncthreads();
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      float acc = kMax ? -INFINITY : 0.f;
+      CUTE_UNROLL
+      for (int w = 0; w < kWarpsN; ++w) {
+        const float x = slots[w * kBlockM + get<0>(rc(i, 0))];
+        acc = kMax ? fmaxf(acc, x) : acc + x;
+      }
+      vals[i] = acc;
+    }
+  }
+}
+
+template <class Traits>
+CUTE_DEVICE void tile_mainloop(const SplitParams& p, char* smem, const SplitCta& cta) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockKV = Traits::kBlockKV;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
+  constexpr int kWarpsN = Traits::kWarpsN;
+  static_assert(!Traits::kWarpsOwnKeys);
+  const int tid = threadIdx.x;
+  const int warp_n = (tid / 32) / Traits::kWarpsM;
+
+  auto smem_tensors = smem_q_kv<Traits>(smem);
+  Tensor sQ = get<0>(smem_tensors);                                              // (kBlockM, kHeadDim)
+  Tensor sK = get<1>(smem_tensors);                                              // (kBlockKV, kHeadDim, kStages)
+  Tensor sV = get<2>(smem_tensors);                                              // (kBlockKV, kHeadDim, kStages)
+  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});          // (kHeadDim, kBlockKV, kStages)
+  Tensor sVtNoSwizzle = make_tensor(sV.data().get(), typename Traits::SmemLayoutVtNoSwizzle{});
+  Tensor sP = make_tensor(sV.data() + int(Traits::kKVElems),
+                          typename Traits::SmemLayoutP{});                       // (kBlockM, kBlockKV)
+  float* exchange = reinterpret_cast<float*>(smem + Traits::kSmemBytes - 4 * Traits::kExchangeFloats);
+
+  typename Traits::GmemCopyKV gmem_copy;
+  auto gmem_thr_copy = gmem_copy.get_thread_slice(tid);
+  Tensor tKVcKV = gmem_thr_copy.partition_S(
+      make_identity_tensor(Shape<Int<kBlockKV>, Int<kHeadDim>>{}));            // (CPY, CPY_N, CPY_D) -> (n, d)
+  auto load_kv = [&](int tile, int stage) {
+    const int n0 = cta.range.x + tile * kBlockKV;
+    auto [gK, gV] = kv_tiles<kBlockKV, kHeadDim, Element>(p, cta.b, cta.h_kv, n0);  // (kBlockKV, kHeadDim)
+    copy_kv_rows(gmem_copy, gmem_thr_copy, tKVcKV, gK, gV, sK(_, _, stage), sV(_, _, stage), cta.range.y - n0);
+  };
+
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(tid);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);                         // (MMA, MMA_M, MMA_D)
+  Tensor tSrK = thr_mma.partition_fragment_B(sK(_, _, 0));                // (MMA, MMA_N, MMA_D)
+  Tensor tOrP = thr_mma.partition_fragment_A(sP);                         // (MMA, MMA_M, MMA_N)
+  Tensor tOrVt = thr_mma.partition_fragment_B(sVtNoSwizzle(_, _, 0));     // (MMA, MMA_D, MMA_N)
+  Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D)
+  clear(acc_o);
+
+  auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyA{}, tiled_mma);
+  auto smem_thr_copy_q = smem_copy_q.get_thread_slice(tid);
+  Tensor tSsQ = smem_thr_copy_q.partition_S(sQ);
+  auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyB{}, tiled_mma);
+  auto smem_thr_copy_k = smem_copy_k.get_thread_slice(tid);
+  Tensor tSsK = smem_thr_copy_k.partition_S(sK);                          // (CPY, CPY_N, CPY_D, kStages)
+  auto smem_copy_p = make_tiled_copy_A(typename Traits::SmemCopyA{}, tiled_mma);
+  auto smem_thr_copy_p = smem_copy_p.get_thread_slice(tid);
+  Tensor tOsP = smem_thr_copy_p.partition_S(sP);
+  auto smem_copy_vt = make_tiled_copy_B(typename Traits::SmemCopyBt{}, tiled_mma);
+  auto smem_thr_copy_vt = smem_copy_vt.get_thread_slice(tid);
+  Tensor tOsVt = smem_thr_copy_vt.partition_S(sVt);                       // (CPY, CPY_D, CPY_N, kStages)
+  auto smem_copy_c = make_tiled_copy_C(typename Traits::SmemCopyC{}, tiled_mma);
+  auto smem_thr_copy_c = smem_copy_c.get_thread_slice(tid);
+  Tensor tPsP = smem_thr_copy_c.partition_D(sP);
+
+  // (row, col) coordinates of this thread's score accumulators, in rows x cols form.
+  Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockKV>>{}));
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));   // (ROWS, COLS)
+  constexpr int kRows = decltype(size<0>(tScS_rc))::value;
+  float row_max[kRows];  // running max of the scores, base-2 units
+  float row_sum[kRows];  // this thread's share of the running sum
+  int key_limit[kRows];  // keys visible to the row: < key_limit (split end and the causal diagonal)
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    row_max[i] = -INFINITY;
+    row_sum[i] = 0.f;
+    const int q_idx = (cta.row0 + get<0>(tScS_rc(i, 0))) / p.group;
+    key_limit[i] = p.causal ? min(cta.range.y, q_idx + 1 + p.kv_len - p.q_len) : cta.range.y;
+  }
+
+  CUTE_UNROLL
+  for (int s = 0; s < kStages; ++s) {
+    if (s < cta.n_tiles) load_kv(s, s);
+    cp_async_fence();
+  }
+  // Q is gathered while the first K/V stages are in flight.
+  gather_q<Traits::kNThreads, Element>(p, sQ, cta.row0, cta.b, cta.h_kv);
+
+  Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));    // (ROWS, D_COLS)
+  for (int t = 0; t < cta.n_tiles; ++t) {
+    const int stage = t % kStages;
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+
+    Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockKV>>{});  // (MMA, MMA_M, MMA_N)
+    clear(acc_s);
+    gemm_smem(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK(_, _, _, stage), smem_copy_q, smem_copy_k,
+              smem_thr_copy_q, smem_thr_copy_k);
+
+    Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));  // (ROWS, COLS)
+    float tile_max[kRows];
+    scale_mask_max(s_rc, tScS_rc, key_limit, cta.range.x + t * kBlockKV, p.scale_log2, tile_max);
+    exchange_rows<true, kWarpsN, kBlockM>(tile_max, exchange, tScS_rc, warp_n);
+    online_softmax_step(s_rc, o_rc, row_max, row_sum, tile_max);
+
+    Tensor rP = convert_fragment<Element>(acc_s);
+    if constexpr (kWarpsN == 1) {
+      // Each warp owns whole rows: P stays in registers as the A operand of P V.
+      Tensor tOrP_regs = make_tensor(rP.data(), acc_to_a_layout(rP.layout()));
+      gemm_rs(tiled_mma, acc_o, tOrP_regs, tOrVt, tOsVt(_, _, _, stage), smem_copy_vt, smem_thr_copy_vt);
+    } else {
+      // Warps split the key columns: P goes through shared memory to the warps that own V's columns.
+      copy(smem_copy_c, smem_thr_copy_c.retile_S(rP), tPsP);
+      __syncthreads();
+      gemm_smem(tiled_mma, acc_o, tOrP, tOrVt, tOsP, tOsVt(_, _, _, stage), smem_copy_p, smem_copy_vt,
+                smem_thr_copy_p, smem_thr_copy_vt);
+    }
+    __syncthreads();  // every warp is done with this stage and with sP
+    if (t + kStages < cta.n_tiles) load_kv(t + kStages, stage);
+    cp_async_fence();
+  }
+
+  allow_dependent_launch();
+  exchange_rows<false, kWarpsN, kBlockM>(row_sum, exchange + Traits::kExchangeFloats / 2, tScS_rc, warp_n);
+  Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));  // (ROWS, D_COLS)
+  store_rows<kHeadDim, Element>(p, o_rc, tOcO_rc, row_max, row_sum, cta.row0, cta.b, cta.h_kv, cta.split,
+                                warp_n == 0 && tid % 4 == 0);
+}
+
+}  // namespace splitkv
