@@ -3,6 +3,8 @@
 // last partial is written rather than when the whole grid has drained.
 #pragma once
 
+#include <cuda/atomic>
+
 #include <cute/tensor.hpp>
 
 #include "splitkv/merge_state.h"
@@ -15,16 +17,17 @@ template <class Traits>
 CUTE_DEVICE void merge_if_last_split(const SplitParams& p, int m_block, int row0, int b, int h_kv) {
   using Element = typename Traits::Element;
   constexpr int kVecs = Traits::kHeadDim / 4;  // float4 items per row
-  __threadfence();  // this CTA's partial is visible device-wide before the counter says so
-  __syncthreads();
+  __syncthreads();  // the whole CTA's partial is written
   int is_last = 0;
   if (threadIdx.x == 0) {
-    int* counter = p.tile_counters + (int64_t(b) * p.kv_heads + h_kv) * p.num_m_blocks + m_block;
-    is_last = atomicAdd(counter, 1) == p.num_splits - 1;
-    if (is_last) *counter = 0;  // every split has arrived: leave it zeroed for the next launch
+    // One release-acquire add by one thread (cumulative over the barrier above) publishes this
+    // CTA's partial and, in the last CTA, makes the other splits' partials visible to the CTA.
+    cuda::atomic_ref<int, cuda::thread_scope_device> counter(
+        p.tile_counters[(int64_t(b) * p.kv_heads + h_kv) * p.num_m_blocks + m_block]);
+    is_last = counter.fetch_add(1, cuda::memory_order_acq_rel) == p.num_splits - 1;
+    if (is_last) counter.store(0, cuda::memory_order_relaxed);  // leave it zeroed for the next launch
   }
   if (!__syncthreads_or(is_last)) return;
-  __threadfence();  // pairs with the other splits' fences: their partials are visible now
 
   const int rows = min(Traits::kBlockM, p.packed_rows - row0);
   const int64_t split_stride = int64_t(p.batch) * p.kv_heads * p.packed_rows;
