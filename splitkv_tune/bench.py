@@ -323,9 +323,10 @@ class ShapeBench:
                 q, k, v, causal=shape.causal, softmax_scale=self.scale,
                 num_splits=c.num_splits, block_kv=c.block_kv, split_policy=c.split_policy)
         from splitkv_tune import ops
-        workspace = None
-        if isinstance(config.num_splits, int):
-            workspace = self._workspace(ops.workspace_size(q, k, config.num_splits))
+        # Sized for the split count the launch resolves to, "auto" included, as a server
+        # preallocates it: a workspace first seen during graph capture would get its fused-merge
+        # counters zeroed inside the graph, and every replay would time that fill too.
+        workspace = self._workspace(tunables.workspace_bytes(shape, self.resolve(config).num_splits))
         return lambda: ops.splitkv_attention(
             q, k, v, causal=shape.causal, softmax_scale=self.scale,
             num_splits=config.num_splits, block_kv=config.block_kv,

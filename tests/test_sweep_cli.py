@@ -285,3 +285,16 @@ def test_breakdown_shares_are_of_the_measured_call(monkeypatch):
     rows = breakdown.config_breakdown(shape_bench, tunables.Config(2, 64, 128, "blocks"), 12.5)
     assert [r["kernel"] for r in rows] == ["split", "combine", "(gaps)"]
     assert [r["share"] for r in rows] == pytest.approx([0.64, 0.16, 0.2])
+
+
+def test_auto_config_is_timed_with_a_preallocated_workspace(monkeypatch):
+    """bench and compare give an "auto" config the workspace of the split count it resolves
+    to, as a server would; without one, CUDA-graph capture would zero fresh fused-merge
+    counters inside the graph and every replay would time that fill."""
+    from splitkv_tune.compare import AUTO_CONFIG
+    resolved = tunables.Config(num_splits=8, block_kv=64, reduce_threads=128, split_policy="blocks")
+    monkeypatch.setattr(bench.ShapeBench, "resolve", lambda self, config: resolved)
+    shape = Shape("bf16", 128, 1, 32, 8, 1, 4096)
+    shape_bench = bench.ShapeBench(shape, backend="cuda", device="cpu")
+    shape_bench.launcher(AUTO_CONFIG, *shape_bench.inputs[0])
+    assert shape_bench._shared["workspace"].numel() == tunables.workspace_bytes(shape, 8) > 0

@@ -6,21 +6,25 @@
 # breakdown: kernel time per call (~1.5 min); compare: quick grid and causal prefill against
 # the peers (~6 min). The build takes ~1.5 min first.
 # Offline hosts: carry the wheels of gpu-wheelhouse.sh in .whl/ (installed to /tmp/site first).
+# Logs are written to a scratch folder and, after every step, packed with results/<gpu> into
+# one file, $OUT/session.tgz (default ./gpu-out): the GPU host returns only a few files per call.
 set -uo pipefail
-out=${OUT:-gpu-out}; mkdir -p "$out"
+dest=${OUT:-gpu-out}; mkdir -p "$dest"
+out=$(mktemp -d)
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site
 fi
 export SPLITKV_GIT_SHA=${SPLITKV_GIT_SHA:-$(cat .git-sha 2>/dev/null)} PYTHONUNBUFFERED=1 SPLITKV_CUDA_ARCHS=${SPLITKV_CUDA_ARCHS:-90} CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
-python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; cp "$out/build.log" "$dest/"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/nvidia-smi.txt"
 flag=${GPU:-h200}
 gpu=$(python3 -c "from splitkv_tune.gpus import resolve_gpu; print(resolve_gpu('$flag'))")
 # SM clock, memory clock and power every 0.5 s while this runs: per-CTA stream rates follow the SM clock.
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 500 >"$out/clocks.csv" 2>&1 &
 clock_log=$!
-trap 'kill $clock_log 2>/dev/null' EXIT
+pack() { tar czf "$dest/session.tgz" -C "$out" . $( [ -d "results/$gpu" ] && echo "-C $PWD results/$gpu" ); }
+trap 'kill $clock_log 2>/dev/null; pack' EXIT
 small_decode="1 8 1 4096|1 8 1 16384|1 8 1 65536|1 32 1 4096|4 8 1 4096|4 8 1 16384|1 8 4 16384|1 8 16 16384 --causal"
 for mode in "$@"; do
   case "$mode" in
@@ -41,12 +45,10 @@ for mode in "$@"; do
       ;;
     sweep)
       timeout 420 splitkv-tune sweep --gpu "$flag" --grid quick --no-progress 2>&1 | tail -25 | tee "$out/sweep.log"
-      tar czf "$out/results.tgz" results/$gpu
       ;;
     evaluate)
       timeout 240 splitkv-tune evaluate --gpu "$flag" --shapes configs/evaluate.yaml \
         --out-csv results/$gpu/evaluate_gpu.csv --out-md results/$gpu/evaluate_gpu.md 2>&1 | tail -20 | tee "$out/evaluate.log"
-      tar czf "$out/results.tgz" results/$gpu
       ;;
     breakdown)
       # Kernel time per call at the table's config (issue 2: the combine kernel's share).
@@ -59,12 +61,11 @@ for mode in "$@"; do
     compare)
       timeout 300 splitkv-tune compare --grid quick --table results/$gpu/heuristics.csv --out results/$gpu/compare \
         --peers "${PEERS:-sdpa_flash,sdpa_cudnn,flex}" --no-progress 2>&1 | tail -30 | tee "$out/compare.log"
-      tar czf "$out/results.tgz" results/$gpu
       timeout 120 splitkv-tune compare --grid configs/prefill.yaml --config 1,64,128,blocks --peers sdpa_flash,sdpa_cudnn \
         --out results/$gpu/compare_prefill --no-progress 2>&1 | tail -8 | tee "$out/prefill.log"
       splitkv-tune env > "$out/env.txt" 2>&1
-      tar czf "$out/results.tgz" results/$gpu
       ;;
     *) echo "usage: $0 MODE... (test, merge-ab, sweep, evaluate, breakdown, compare)" >&2; exit 2 ;;
   esac
+  pack
 done
