@@ -78,14 +78,8 @@ CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCt
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
   float row_max[kRows];  // running max of this warp's scores, base-2 units
   float row_sum[kRows];  // this lane's share of the warp's running sum
-  int key_limit[kRows];  // keys visible to the row: < key_limit (split end and the causal diagonal)
-  CUTE_UNROLL
-  for (int i = 0; i < kRows; ++i) {
-    row_max[i] = -INFINITY;
-    row_sum[i] = 0.f;
-    const int q_idx = (cta.row0 + get<0>(tScS_rc(i, 0))) / p.group;
-    key_limit[i] = p.causal ? min(cta.range.y, q_idx + 1 + p.kv_len - p.q_len) : cta.range.y;
-  }
+  int key_limit[kRows];  // keys visible to the row: < key_limit
+  init_rows(p, cta, tScS_rc, row_max, row_sum, key_limit);
 
   CUTE_UNROLL
   for (int s = 0; s < kStages; ++s) {

@@ -112,6 +112,20 @@ CUTE_DEVICE void gather_q(const SplitParams& p, SQTensor& sQ, int row0, int b, i
   }
 }
 
+// A row's softmax state before its first key (max -inf, sum 0) and the first key it may not
+// see: the split's end, or earlier on the causal diagonal. rc: (ROWS, COLS) tile coordinates.
+template <int kRows, class RowCoords>
+CUTE_DEVICE void init_rows(const SplitParams& p, const SplitCta& cta, RowCoords const& rc, float (&row_max)[kRows],
+                           float (&row_sum)[kRows], int (&key_limit)[kRows]) {
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    row_max[i] = -INFINITY;
+    row_sum[i] = 0.f;
+    const int q_idx = (cta.row0 + get<0>(rc(i, 0))) / p.group;
+    key_limit[i] = p.causal ? min(cta.range.y, q_idx + 1 + p.kv_len - p.q_len) : cta.range.y;
+  }
+}
+
 // Scales one score tile to base-2 units, masks keys at or past each row's key_limit to -inf
 // and returns this thread's per-row maximum. s_rc, c_rc: (ROWS, COLS) scores and their
 // (row, key - n0) coordinates.
