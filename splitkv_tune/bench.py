@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import statistics
 import time
@@ -263,12 +264,6 @@ def resolve_auto(shape: Shape, config: Config, num_sms: int = 132) -> Config:
                      for f in auto})
 
 
-def _checked_merge(merge: str) -> str:
-    if merge not in tunables.MERGES:
-        raise ValueError(f"merge must be one of {tunables.MERGES}, got {merge!r}")
-    return merge
-
-
 class ShapeBench:
     """Inputs, reference and timing for one shape, reused across the configs measured on it."""
 
@@ -277,7 +272,7 @@ class ShapeBench:
                  check: bool = True, seed: int = 0, num_sms: int = 132, merge: str = "auto"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        self.merge = _checked_merge(merge)
+        self.merge = tunables.check_merge(merge)
         self.shape = shape.validate()
         self.backend = backend
         self.device = torch.device(device) if device is not None else default_device(backend)
@@ -302,7 +297,7 @@ class ShapeBench:
     def with_merge(self, merge: str) -> "ShapeBench":
         """This bench (same inputs, reference and workspace) launching with another ``merge``."""
         other = copy.copy(self)
-        other.merge = _checked_merge(merge)
+        other.merge = tunables.check_merge(merge)
         return other
 
     def resolve_merge(self, config: Config) -> str:
@@ -313,25 +308,29 @@ class ShapeBench:
         from splitkv_tune import ops
         return ops.resolve_merge(self.shape, c, self.merge)
 
-    def launcher(self, config: Config, q, k, v) -> Callable[[], torch.Tensor]:
-        """A zero-argument callable running ``config`` on one input set."""
-        shape = self.shape
+    def launchers(self, config: Config) -> list[Callable[[], torch.Tensor]]:
+        """One zero-argument callable per input set, each running ``config`` on its set.
+
+        ``config`` is resolved once. The kernel's launches share one workspace, sized for the
+        split count the launch resolves to ("auto" included), as a server preallocates it: a
+        workspace first seen during graph capture would get its fused-merge counters zeroed
+        inside the graph, and every replay would time that fill too.
+        """
+        shape, c = self.shape, self.resolve(config)
         if self.backend == "reference":
             from splitkv_tune import reference
-            c = self.resolve(config)
-            return lambda: reference.splitkv_attention_ref(
-                q, k, v, causal=shape.causal, softmax_scale=self.scale,
-                num_splits=c.num_splits, block_kv=c.block_kv, split_policy=c.split_policy)
+            return [functools.partial(reference.splitkv_attention_ref, q, k, v, causal=shape.causal,
+                                      softmax_scale=self.scale, num_splits=c.num_splits,
+                                      block_kv=c.block_kv, split_policy=c.split_policy)
+                    for q, k, v in self.inputs]
         from splitkv_tune import ops
-        # Sized for the split count the launch resolves to, "auto" included, as a server
-        # preallocates it: a workspace first seen during graph capture would get its fused-merge
-        # counters zeroed inside the graph, and every replay would time that fill too.
-        workspace = self._workspace(tunables.workspace_bytes(shape, self.resolve(config).num_splits))
-        return lambda: ops.splitkv_attention(
-            q, k, v, causal=shape.causal, softmax_scale=self.scale,
-            num_splits=config.num_splits, block_kv=config.block_kv,
-            reduce_threads=config.reduce_threads, split_policy=config.split_policy,
-            merge=self.merge, workspace=workspace)
+        workspace = self._workspace(tunables.workspace_bytes(shape, c.num_splits))
+        return [functools.partial(ops.splitkv_attention, q, k, v, causal=shape.causal,
+                                  softmax_scale=self.scale, num_splits=config.num_splits,
+                                  block_kv=config.block_kv, reduce_threads=config.reduce_threads,
+                                  split_policy=config.split_policy, merge=self.merge,
+                                  workspace=workspace)
+                for q, k, v in self.inputs]
 
     def _workspace(self, nbytes: int) -> torch.Tensor | None:
         """One workspace shared by every input set (the launches are stream-ordered)."""
@@ -371,7 +370,7 @@ class ShapeBench:
 
     def measure(self, config: Config) -> Timing:
         """Check then time ``config``; failures come back as a Timing with a reason."""
-        return self.measure_launcher(lambda q, k, v: self.launcher(config, q, k, v))
+        return self._measure(lambda: self.launchers(config))
 
     def measure_launcher(self, make_fn: Callable[..., Callable[[], object]]) -> Timing:
         """Check then time ``make_fn(q, k, v)`` over the rotating input sets.
@@ -379,9 +378,14 @@ class ShapeBench:
         ``make_fn`` returns a zero-argument callable whose result is the output in
         ``(B, Sq, Hq, D)`` layout (or a tuple starting with it).
         """
+        return self._measure(lambda: [make_fn(*qkv) for qkv in self.inputs])
+
+    def _measure(self, build: Callable[[], list[Callable[[], object]]]) -> Timing:
+        """Check the first of the callables ``build()`` returns (one per input set), then time
+        them all; failures, building included, come back as a Timing with a reason."""
         with torch.inference_mode():
             try:
-                fns = [make_fn(*qkv) for qkv in self.inputs]
+                fns = build()
                 out = fns[0]()
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)

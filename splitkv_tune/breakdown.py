@@ -105,6 +105,5 @@ def trace_graph(fns: Sequence[Callable[[], object]], device, replays: int = 10) 
 def config_breakdown(shape_bench: "bench.ShapeBench", config, per_call_us: float) -> list[dict]:
     """Breakdown rows of one config on the inputs ``shape_bench`` times; shares are of
     ``per_call_us``, the config's measured (untraced) time per call."""
-    fns = [shape_bench.launcher(config, *qkv) for qkv in shape_bench.inputs]
-    spans, calls = trace_graph(fns, shape_bench.device)
+    spans, calls = trace_graph(shape_bench.launchers(config), shape_bench.device)
     return breakdown_rows(spans, calls, per_call_us)

@@ -145,8 +145,7 @@ def resolve_merge(shape: Shape, config: Config, merge: str = "auto") -> str:
     >>> resolve_merge(decode, Config(num_splits=1), "kernel")
     'none'
     """
-    if merge not in tunables.MERGES:
-        raise ValueError(f"merge must be one of {tunables.MERGES}, got {merge!r}")
+    tunables.check_merge(merge)
     if config.num_splits == 1:
         return "none"
     if merge == "auto":

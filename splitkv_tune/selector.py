@@ -14,7 +14,8 @@ the same integer arithmetic, so both choose identically):
    ``log2 C`` is the inverse-distance weighted mean of the neighbours' ``log2 C``, and ``S`` is
    the integer in ``[1, cap]`` whose log2 is nearest to ``log2 C - log2(B*Hkv*m_blocks)``
    (ties -> smaller S) and ``cap = min(128, ceil(Sk / block_kv))``. ``block_kv``,
-   ``reduce_threads`` and ``split_policy`` are the nearest row's. Logs are fixed point (16 fractional bits) computed with integers only.
+   ``reduce_threads`` and ``split_policy`` are the nearest row's. Logs are fixed point
+   (16 fractional bits) computed with integers only.
 3. **Analytic fallback** (no table rows for that dtype/head_dim/causal/tile height): over
    every ``block_kv`` that fits the GPU's shared memory and every ``S`` in
    ``[1, min(128, kv blocks)]``, the fewest splits, then the largest block, whose modelled
@@ -223,10 +224,11 @@ def analytic_cost_ns(shape: Shape, num_splits: int, block_kv: int, profile: GpuP
     Split kernel: ``C = B*Hkv*m_blocks*S`` CTAs run in waves of ``slots = SMs * residency``
     (residency = ``min(ctas_per_sm, smem_per_sm // smem)``); full waves and the tail wave are
     timed apart (wave quantisation). A CTA walks ``ceil(blocks/S)`` KV blocks; alone on an SM
-    it streams one block in ``block_ns`` plus the block's bytes at ``cta_stream_mbps`` (the
-    loop is issue-bound, not latency-bound: measured on the H200, one CTA reads ~32 GB/s at
-    block_kv 64 and ~37 GB/s at 128, and a second CTA on the SM adds almost nothing). CTAs on
-    one SM share that rate, all CTAs share the copy bandwidth, and a CTA takes the longer of
+    it streams one block in ``block_ns`` plus the block's bytes at ``cta_stream_mbps``. (The
+    constants were read off the H200 sweeps of the loop with CTA barriers, ~32 GB/s per CTA
+    at block_kv 64; refitting them to the current loop's 48-59 GB/s made the selection worse
+    on its own sweep, docs/NOTES.md, so they act as an effective rate.) CTAs on one SM share
+    that rate, all CTAs share the copy bandwidth, and a CTA takes the longer of
     its streaming and its MMAs, plus a fixed per-CTA cost. Combine (``S > 1``): a second
     launch, one memory latency, the workspace read and the output written at copy bandwidth
     (x2.5 when the workspace fits in half the L2, where the split kernel just wrote it), and
@@ -248,8 +250,7 @@ def analytic_cost_ns(shape: Shape, num_splits: int, block_kv: int, profile: GpuP
     sms, bw = profile.sms, int(round(profile.copy_bw_gbps * 1000))  # MB/s = bytes per us
     slots = sms * max(1, min(model.ctas_per_sm,
                              profile.smem_per_sm // smem_bytes(d, block_kv, bm)))
-    # One CTA streams a KV block in a fixed per-block time plus its bytes at the CTA's peak
-    # rate (measured: ~32 GB/s at block_kv 64, ~37 GB/s at 128 for D=128 on an H200).
+    # One CTA streams a KV block in a fixed per-block time plus its bytes at the CTA's peak rate.
     tile_bytes = block_kv * d * 4
     cta_bw = tile_bytes * 1000 // (model.block_ns + tile_bytes * 1000 // model.cta_stream_mbps)
 

@@ -40,8 +40,8 @@ HEURISTICS_COLUMNS = (
 )
 # The trials.csv columns the selector, evaluation and plots read (sweep.py writes more).
 TRIALS_REQUIRED_COLUMNS = (SHAPE_COLUMNS + CONFIG_COLUMNS
-                  + ["median_us", "p20_us", "p80_us", "n", "status", "reason",
-                     "gbps", "frac_copy_bw", "run_id"])
+                           + ["median_us", "p20_us", "p80_us", "n", "status", "reason",
+                              "gbps", "frac_copy_bw", "run_id"])
 TRIAL_STATUSES = ("ok", "failed", "wrong")
 
 # Largest value of one shape dimension: the C++ lookup takes int64 and must not overflow.

@@ -206,6 +206,17 @@ def smem_bytes(head_dim: int, block_kv: int, block_m: int) -> int:
     return (elems + block_m * block_kv) * 2 + 2 * warps_n * block_m * 4
 
 
+def check_merge(merge: str) -> str:
+    """``merge`` itself when it names a way to merge partials, else ``ValueError``.
+
+    >>> check_merge("fused")
+    'fused'
+    """
+    if merge not in MERGES:
+        raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
+    return merge
+
+
 def fused_merge_fits(shape: Shape) -> bool:
     """Whether the fused merge of one query tile is one float4 per thread of the last CTA.
 

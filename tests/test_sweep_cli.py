@@ -144,17 +144,17 @@ def test_interrupted_sweep_resumes_without_losing_or_redoing_trials(grid, tmp_pa
 
 
 def test_failing_and_wrong_configs_are_recorded_with_reasons(grid, tmp_path, monkeypatch):
-    original = bench.ShapeBench.launcher
+    original = bench.ShapeBench.launchers
 
-    def launcher(self, config, q, k, v):
+    def launchers(self, config):
         if config.num_splits == 4:
             raise ValueError("num_splits=4 is not instantiated")
-        fn = original(self, config, q, k, v)
+        fns = original(self, config)
         if config.num_splits == 2 and config.block_kv == 32:
-            return lambda: fn() + 1.0
-        return fn
+            return [lambda f=f: f() + 1.0 for f in fns]
+        return fns
 
-    monkeypatch.setattr(bench.ShapeBench, "launcher", launcher)
+    monkeypatch.setattr(bench.ShapeBench, "launchers", launchers)
     out = tmp_path / "out"
     result = run_sweep(grid, out)
     assert result.exit_code == 0, result.output
@@ -296,5 +296,5 @@ def test_auto_config_is_timed_with_a_preallocated_workspace(monkeypatch):
     monkeypatch.setattr(bench.ShapeBench, "resolve", lambda self, config: resolved)
     shape = Shape("bf16", 128, 1, 32, 8, 1, 4096)
     shape_bench = bench.ShapeBench(shape, backend="cuda", device="cpu")
-    shape_bench.launcher(AUTO_CONFIG, *shape_bench.inputs[0])
+    shape_bench.launchers(AUTO_CONFIG)
     assert shape_bench._shared["workspace"].numel() == tunables.workspace_bytes(shape, 8) > 0

@@ -81,15 +81,8 @@ CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCt
   int key_limit[kRows];  // keys visible to the row: < key_limit
   init_rows(p, cta, tScS_rc, row_max, row_sum, key_limit);
 
-  CUTE_UNROLL
-  for (int s = 0; s < kStages; ++s) {
-    if (s < cta.n_tiles) load_kv(s, s);
-    cp_async_fence();
-  }
-  // Q is gathered by the whole CTA while the first K/V stages are in flight, then kept in
-  // registers for the whole loop.
-  gather_q<Traits::kNThreads, Element>(p, sQ, cta.row0, cta.b, cta.h_kv);
-  __syncthreads();
+  start_pipeline<kStages, Traits::kNThreads, Element>(p, cta, load_kv, sQ);
+  __syncthreads();  // Q is in shared memory: each warp keeps it in registers for the whole loop
   copy(smem_copy_q, smem_thr_copy_q.partition_S(sQ), smem_thr_copy_q.retile_D(tSrQ));
 
   Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));    // (ROWS, D_COLS)
@@ -120,40 +113,29 @@ CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCt
   cp_async_wait<0>();
   allow_dependent_launch();
 
-  // Merge the warps. Shared memory, reused once every warp is done with Q and K/V:
-  // m[kNWarps][kBlockM], l[kNWarps][kBlockM], then O[kNWarps][fragment index][lane].
+  // Merge the warps with the partials' rule (params.h) through shared memory, reused once
+  // every warp is done with Q and K/V: the row max, each warp's sum and O rescaled to it, the
+  // sums added, then the O fragments added.
   constexpr int kFrag = decltype(size(acc_o))::value;  // kBlockM * kHeadDim / 32
-  float* warp_m = reinterpret_cast<float*>(smem);
-  float* warp_l = warp_m + kNWarps * kBlockM;
-  float* warp_o = warp_l + kNWarps * kBlockM;
+  float* warp_m = reinterpret_cast<float*>(smem);      // [kNWarps][kBlockM]
+  float* warp_l = warp_m + kNWarps * kBlockM;          // [kNWarps][kBlockM]
+  float* warp_o = warp_l + kNWarps * kBlockM;          // [kNWarps][kFrag][32]
   static_assert(2 * kNWarps * kBlockM + kNWarps * kFrag * 32 == Traits::kWarpMergeFloats);
+  __syncthreads();
+  float cta_max[kRows];
   CUTE_UNROLL
-  for (int i = 0; i < kRows; ++i) row_sum[i] = lane_group_reduce<4, false>(row_sum[i]);
-  __syncthreads();
-  if (lane % 4 == 0) {
-    CUTE_UNROLL
-    for (int i = 0; i < kRows; ++i) {
-      warp_m[warp * kBlockM + get<0>(tScS_rc(i, 0))] = row_max[i];
-      warp_l[warp * kBlockM + get<0>(tScS_rc(i, 0))] = row_sum[i];
-    }
-  }
-  __syncthreads();
+  for (int i = 0; i < kRows; ++i) cta_max[i] = row_max[i];
+  exchange_rows<true, kNWarps, kBlockM>(cta_max, warp_m, tScS_rc, warp);
   CUTE_UNROLL
   for (int i = 0; i < kRows; ++i) {
-    const int r = get<0>(tScS_rc(i, 0));
-    float m = -INFINITY;
-    CUTE_UNROLL
-    for (int w = 0; w < kNWarps; ++w) m = fmaxf(m, warp_m[w * kBlockM + r]);
-    const float m_use = m == -INFINITY ? 0.f : m;  // a row with no key: every weight below is 0
-    float l = 0.f;
-    CUTE_UNROLL
-    for (int w = 0; w < kNWarps; ++w) l += warp_l[w * kBlockM + r] * exp2f(warp_m[w * kBlockM + r] - m_use);
-    const float weight = exp2f(row_max[i] - m_use);
+    // 0 for a warp that saw no key of the row; a row no warp saw keeps max -inf and sum 0.
+    const float weight = exp2f(row_max[i] - (cta_max[i] == -INFINITY ? 0.f : cta_max[i]));
+    row_sum[i] *= weight;
     CUTE_UNROLL
     for (int j = 0; j < size<1>(o_rc); ++j) o_rc(i, j) *= weight;
-    row_max[i] = m;
-    row_sum[i] = l;
+    row_max[i] = cta_max[i];
   }
+  exchange_rows<false, kNWarps, kBlockM>(row_sum, warp_l, tScS_rc, warp);
   CUTE_UNROLL
   for (int k = 0; k < kFrag; ++k) warp_o[(warp * kFrag + k) * 32 + lane] = acc_o(k);
   __syncthreads();

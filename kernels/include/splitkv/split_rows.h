@@ -126,6 +126,42 @@ CUTE_DEVICE void init_rows(const SplitParams& p, const SplitCta& cta, RowCoords 
   }
 }
 
+// Combines per-thread row values (max or sum) across the quad and the warps that share a row.
+template <bool kMax, int kWarpsN, int kBlockM, int kRows, class RowCoords>
+CUTE_DEVICE void exchange_rows(float (&vals)[kRows], float* slots, RowCoords const& rc, int warp_n) {
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) vals[i] = lane_group_reduce<4, kMax>(vals[i]);  // the quad sharing a row
+  if constexpr (kWarpsN > 1) {
+    if (threadIdx.x % 4 == 0) {
+      CUTE_UNROLL
+      for (int i = 0; i < kRows; ++i) slots[warp_n * kBlockM + get<0>(rc(i, 0))] = vals[i];
+    }
+    __syncthreads();
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      float acc = kMax ? -INFINITY : 0.f;
+      CUTE_UNROLL
+      for (int w = 0; w < kWarpsN; ++w) {
+        const float x = slots[w * kBlockM + get<0>(rc(i, 0))];
+        acc = kMax ? fmaxf(acc, x) : acc + x;
+      }
+      vals[i] = acc;
+    }
+  }
+}
+
+// Issues the first kStages K/V tiles (one cp.async group each, empty past the split's tiles),
+// then gathers Q while they are in flight.
+template <int kStages, int kThreads, class Element, class LoadKV, class SQTensor>
+CUTE_DEVICE void start_pipeline(const SplitParams& p, const SplitCta& cta, LoadKV&& load_kv, SQTensor& sQ) {
+  CUTE_UNROLL
+  for (int s = 0; s < kStages; ++s) {
+    if (s < cta.n_tiles) load_kv(s, s);
+    cp_async_fence();
+  }
+  gather_q<kThreads, Element>(p, sQ, cta.row0, cta.b, cta.h_kv);
+}
+
 // Scales one score tile to base-2 units, masks keys at or past each row's key_limit to -inf
 // and returns this thread's per-row maximum. s_rc, c_rc: (ROWS, COLS) scores and their
 // (row, key - n0) coordinates.

@@ -13,30 +13,6 @@ namespace splitkv {
 
 using namespace cute;
 
-// Combines per-thread row values (max or sum) across the quad and the warps that share a row.
-template <bool kMax, int kWarpsN, int kBlockM, int kRows, class RowCoords>
-CUTE_DEVICE void exchange_rows(float (&vals)[kRows], float* slots, RowCoords const& rc, int warp_n) {
-  CUTE_UNROLL
-  for (int i = 0; i < kRows; ++i) vals[i] = lane_group_reduce<4, kMax>(vals[i]);  // the quad sharing a row
-  if constexpr (kWarpsN > 1) {
-    if (threadIdx.x % 4 == 0) {
-      CUTE_UNROLL
-      for (int i = 0; i < kRows; ++i) slots[warp_n * kBlockM + get<0>(rc(i, 0))] = vals[i];
-    }
-    __syncthreads();
-    CUTE_UNROLL
-    for (int i = 0; i < kRows; ++i) {
-      float acc = kMax ? -INFINITY : 0.f;
-      CUTE_UNROLL
-      for (int w = 0; w < kWarpsN; ++w) {
-        const float x = slots[w * kBlockM + get<0>(rc(i, 0))];
-        acc = kMax ? fmaxf(acc, x) : acc + x;
-      }
-      vals[i] = acc;
-    }
-  }
-}
-
 template <class Traits>
 CUTE_DEVICE void tile_mainloop(const SplitParams& p, char* smem, const SplitCta& cta) {
   using Element = typename Traits::Element;
@@ -103,13 +79,7 @@ CUTE_DEVICE void tile_mainloop(const SplitParams& p, char* smem, const SplitCta&
   int key_limit[kRows];  // keys visible to the row: < key_limit
   init_rows(p, cta, tScS_rc, row_max, row_sum, key_limit);
 
-  CUTE_UNROLL
-  for (int s = 0; s < kStages; ++s) {
-    if (s < cta.n_tiles) load_kv(s, s);
-    cp_async_fence();
-  }
-  // Q is gathered while the first K/V stages are in flight.
-  gather_q<Traits::kNThreads, Element>(p, sQ, cta.row0, cta.b, cta.h_kv);
+  start_pipeline<kStages, Traits::kNThreads, Element>(p, cta, load_kv, sQ);
 
   Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));    // (ROWS, D_COLS)
   for (int t = 0; t < cta.n_tiles; ++t) {
