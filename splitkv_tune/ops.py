@@ -200,7 +200,7 @@ def _workspace_for(q: torch.Tensor, nbytes: int, workspace) -> torch.Tensor:
 
 
 def _tile_counters(workspace: torch.Tensor, count: int) -> torch.Tensor:
-    """The fused merge's int32 counters for ``workspace`` (S + 1 per query tile): zeroed when
+    """The fused merge's int32 counters for ``workspace``, one per query tile: zeroed when
     allocated here, and every launch leaves them zero. A workspace first seen during CUDA-graph
     capture gets counters from the graph's pool, zeroed inside the graph."""
     counters = _counters.get(workspace)
@@ -232,8 +232,7 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     base = workspace.data_ptr()
     counters = 0
     if fused_merge and num_splits > 1:
-        tiles = batch * kv_heads * tunables.num_m_blocks(shape)
-        counters = _tile_counters(workspace, tiles * (num_splits + 1)).data_ptr()
+        counters = _tile_counters(workspace, batch * kv_heads * tunables.num_m_blocks(shape)).data_ptr()
     stream = torch.cuda.current_stream(q.device).cuda_stream
     common = {"out": out.data_ptr(), "lse": lse.data_ptr() if return_lse else 0,
               "ws_o": base, "ws_m": base + m_off, "ws_l": base + l_off, "tile_counters": counters,

@@ -22,12 +22,11 @@ Numeric contract of the partials (also written in ``kernels/include/splitkv/para
 * Workspace layout (fp32, each section 128-byte aligned):
   ``O[S, B, Hkv, Sq*G, D]``, then ``m[S, B, Hkv, Sq*G]``, then ``l[S, B, Hkv, Sq*G]``.
   With ``S == 1`` the split kernel writes the final output and no workspace is used.
-* Fused merge: each query tile has ``S + 1`` int32 slots: a count of its CTAs as they start,
-  and one "partial published" flag per split (set with release semantics once the split's
-  partial is in the workspace). The CTA that starts last waits for the other flags, merges the
-  tile with the same formula and sets every slot back to 0. The slots sit beside the
-  workspace: ``ops.py`` keeps one zeroed buffer per workspace tensor, and every launch leaves
-  it zero.
+* Fused merge: each split CTA adds 1 to its query tile's counter once its partial is in the
+  workspace; the CTA that brings it to ``S`` merges the tile with the same formula and sets
+  the counter back to 0. The counters (int32, one per query tile and (batch, KV head)) sit
+  beside the workspace: ``ops.py`` keeps one zeroed buffer per workspace tensor, and every
+  launch leaves it zero.
 """
 from __future__ import annotations
 

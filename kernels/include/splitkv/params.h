@@ -11,12 +11,10 @@
 //   Packed rows: r = q_idx * G + g is query q_idx of query head h_kv * G + g (G = Hq / Hkv).
 //   Workspace (fp32, sections 128-byte aligned): O[S][B][Hkv][Sq*G][D], m[S][B][Hkv][Sq*G], l[same].
 //   With num_splits == 1 the split kernel writes the final O (and lse) itself.
-//   Fused merge (tile_counters != null): each query tile t = (b * kv_heads + h_kv) * num_m_blocks
-//   + m_block owns num_splits + 1 ints at tile_counters[t * (num_splits + 1)]: [0] counts the
-//   tile's CTAs as they start, [1 + s] is set to 1 (release) once split s's partial is written.
-//   The CTA that starts last (count num_splits - 1 before its add) waits for the other flags
-//   (acquire), merges the partials, writes O and lse, and stores 0 back into every slot, so the
-//   counters (zeroed once by the caller) are zero again after every launch.
+//   Fused merge (tile_counters != null): after writing its partial, each split CTA adds 1 to
+//   tile_counters[(b * kv_heads + h_kv) * num_m_blocks + m_block]; the CTA that brings it to
+//   num_splits merges that tile's partials from the workspace, writes O and lse, and stores 0
+//   back, so the counters (zeroed once by the caller) are zero again after every launch.
 #pragma once
 
 #include <cstdint>

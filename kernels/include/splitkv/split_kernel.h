@@ -1,7 +1,7 @@
 // Split kernel: one CTA per (query tile, batch x KV head, split) streams its key range
 // through a cp.async pipeline, keeps the online-softmax state and writes the partials
 // of params.h's contract to the workspace (merging them itself in the last CTA of the tile
-// to start when the merge is fused), or, with one split, writes the final output.
+// when the merge is fused), or, with one split, writes the final output.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -27,16 +27,12 @@ __global__ void __launch_bounds__(Traits::kNThreads) split_kv_kernel(const __gri
   cta.range = split_range(p, cta.split, tile_kv_end(p, cta.m_block, Traits::kBlockM), Traits::kBlockKV);
   cta.n_tiles = cta.range.y > cta.range.x ? (cta.range.y - cta.range.x + Traits::kBlockKV - 1) / Traits::kBlockKV : 0;
 
-  const bool fused_merge = p.num_splits > 1 && p.tile_counters != nullptr;
-  int* slots = fused_merge ? tile_slots(p, cta) : nullptr;
-  const int started_before = fused_merge ? count_in(slots) : 0;
-
   if constexpr (Traits::kWarpsOwnKeys) {
     decode_mainloop<Traits>(p, smem, cta);
   } else {
     tile_mainloop<Traits>(p, smem, cta);
   }
-  if (fused_merge) merge_if_last_split<Traits>(p, cta, slots, started_before);
+  if (p.num_splits > 1 && p.tile_counters != nullptr) merge_if_last_split<Traits>(p, cta.m_block, cta.row0, cta.b, cta.h_kv);
 }
 
 }  // namespace splitkv
