@@ -20,29 +20,19 @@ struct MergeState {
   float l = 0.f;                           // sum of exp(m_s - m) * l_s
   float4 o = make_float4(0.f, 0.f, 0.f, 0.f);  // sum of exp(m_s - m) * O_s over this thread's 4 columns
 
-  // Raises the running max to m_new (>= m), rescaling what was merged so far.
-  __device__ __forceinline__ void raise_max(float m_new) {
-    if (m_new == m) return;  // also a max still at -inf
-    const float keep = expf(m - m_new);  // 0 while nothing was merged (m == -inf)
-    l *= keep;
-    o = make_float4(o.x * keep, o.y * keep, o.z * keep, o.w * keep);
-    m = m_new;
-  }
-
-  // Folds in one split whose max is at most m (after raise_max). An empty split (l_s == 0, or
-  // m_s == -inf) changes nothing, whatever its O_s holds.
-  __device__ __forceinline__ void add(float m_s, float l_s, float4 o_s) {
-    if (!(l_s > 0.f) || m_s == -INFINITY) return;
-    const float take = expf(m_s - m);
-    l += l_s * take;
-    o = make_float4(o.x + o_s.x * take, o.y + o_s.y * take, o.z + o_s.z * take, o.w + o_s.w * take);
-  }
-
-  // Folds in one split of any max.
+  // Folds in one split. An empty split (l_s == 0, or m_s == -inf) changes nothing, whatever
+  // its O_s holds.
   __device__ __forceinline__ void merge(float m_s, float l_s, float4 o_s) {
     if (!(l_s > 0.f) || m_s == -INFINITY) return;
-    raise_max(fmaxf(m, m_s));
-    add(m_s, l_s, o_s);
+    const float m_new = fmaxf(m, m_s);
+    const float keep = expf(m - m_new);  // 0 while nothing was merged (m == -inf)
+    const float take = expf(m_s - m_new);
+    l = l * keep + l_s * take;
+    o.x = o.x * keep + o_s.x * take;
+    o.y = o.y * keep + o_s.y * take;
+    o.z = o.z * keep + o_s.z * take;
+    o.w = o.w * keep + o_s.w * take;
+    m = m_new;
   }
 
   __device__ __forceinline__ bool empty() const { return !(l > 0.f); }

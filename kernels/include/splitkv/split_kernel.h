@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) split_kv_kernel(const __gri
   } else {
     tile_mainloop<Traits>(p, smem, cta);
   }
-  if (p.num_splits > 1 && p.tile_counters != nullptr) merge_if_last_split<Traits>(p, smem, cta.m_block, cta.row0, cta.b, cta.h_kv);
+  if (p.num_splits > 1 && p.tile_counters != nullptr) merge_if_last_split<Traits>(p, cta.m_block, cta.row0, cta.b, cta.h_kv);
 }
 
 }  // namespace splitkv
