@@ -326,9 +326,9 @@ class ShapeBench:
         from splitkv_tune import ops
         workspace = self._workspace(tunables.workspace_bytes(shape, c.num_splits))
         return [functools.partial(ops.splitkv_attention, q, k, v, causal=shape.causal,
-                                  softmax_scale=self.scale, num_splits=config.num_splits,
-                                  block_kv=config.block_kv, reduce_threads=config.reduce_threads,
-                                  split_policy=config.split_policy, merge=self.merge,
+                                  softmax_scale=self.scale, num_splits=c.num_splits,
+                                  block_kv=c.block_kv, reduce_threads=c.reduce_threads,
+                                  split_policy=c.split_policy, merge=self.merge,
                                   workspace=workspace)
                 for q, k, v in self.inputs]
 

@@ -48,7 +48,6 @@ def _case(dtype, head_dim, causal, q_len, kv_len, heads, num_splits, block_kv, p
                 return_lse=return_lse, merge=merge)
 
 
-
 def _case_id(c):
     return (f"{c['dtype']}-d{c['head_dim']}-{'causal' if c['causal'] else 'full'}"
             f"-b{c['batch']}-sq{c['q_len']}-sk{c['kv_len']}-h{c['q_heads']}x{c['kv_heads']}"
@@ -168,9 +167,6 @@ def _call(ops, q, k, v, c, workspace=None, return_lse=None, merge=None):
         reduce_threads=c["reduce_threads"], split_policy=c["policy"], workspace=workspace,
         return_lse=c["return_lse"] if return_lse is None else return_lse,
         merge=c["merge"] if merge is None else merge)
-
-
-
 
 
 # ------------------------------------------------------------------- the grid (DESIGN.md)

@@ -296,5 +296,8 @@ def test_auto_config_is_timed_with_a_preallocated_workspace(monkeypatch):
     monkeypatch.setattr(bench.ShapeBench, "resolve", lambda self, config: resolved)
     shape = Shape("bf16", 128, 1, 32, 8, 1, 4096)
     shape_bench = bench.ShapeBench(shape, backend="cuda", device="cpu")
-    shape_bench.launchers(AUTO_CONFIG)
+    fns = shape_bench.launchers(AUTO_CONFIG)
     assert shape_bench._shared["workspace"].numel() == tunables.workspace_bytes(shape, 8) > 0
+    # Each launch gets the config it was sized for, not "auto" to resolve again.
+    assert {f.keywords["num_splits"] for f in fns} == {8}
+    assert {f.keywords["block_kv"] for f in fns} == {64}

@@ -34,8 +34,8 @@ CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCt
   Tensor sQ = get<0>(smem_tensors);                                              // (kBlockM, kHeadDim)
   Tensor sK = get<1>(smem_tensors);                                              // (kBlockKV, kHeadDim, kStages)
   Tensor sV = get<2>(smem_tensors);                                              // (kBlockKV, kHeadDim, kStages)
-  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});          // (kHeadDim, kBlockKV, kStages)
-  Tensor sVtNoSwizzle = make_tensor(sV.data().get(), typename Traits::SmemLayoutVtNoSwizzle{});
+  Tensor sVt = get<3>(smem_tensors);                                             // (kHeadDim, kBlockKV, kStages)
+  Tensor sVtNoSwizzle = get<4>(smem_tensors);                                    // same, unswizzled
   // This warp's rows of every stage.
   using WarpKV = Shape<Int<kKeysPerWarp>, Int<kHeadDim>, Int<kStages>>;
   using WarpVt = Shape<Int<kHeadDim>, Int<kKeysPerWarp>, Int<kStages>>;

@@ -23,7 +23,9 @@ struct SplitCta {
   int n_tiles;
 };
 
-// The Q tile and the K/V stages in shared memory, in the layouts of Traits.
+// The Q tile and the K/V stages in shared memory, in the layouts of Traits, plus V read
+// transposed (the B operand of P V) with and without its swizzle (the latter only shapes
+// register fragments).
 template <class Traits>
 CUTE_DEVICE auto smem_q_kv(char* smem) {
   using Element = typename Traits::Element;
@@ -33,7 +35,9 @@ CUTE_DEVICE auto smem_q_kv(char* smem) {
                           typename Traits::SmemLayoutKV{});                  // (kBlockKV, kHeadDim, kStages)
   Tensor sV = make_tensor(sK.data() + int(Traits::kKVElems),
                           typename Traits::SmemLayoutKV{});                  // (kBlockKV, kHeadDim, kStages)
-  return make_tuple(sQ, sK, sV);
+  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});      // (kHeadDim, kBlockKV, kStages)
+  Tensor sVtNoSwizzle = make_tensor(sV.data().get(), typename Traits::SmemLayoutVtNoSwizzle{});
+  return make_tuple(sQ, sK, sV, sVt, sVtNoSwizzle);
 }
 
 // One past the last key any row of query tile m_block may attend (tunables.tile_kv_end).

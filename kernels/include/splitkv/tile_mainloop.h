@@ -29,8 +29,8 @@ CUTE_DEVICE void tile_mainloop(const SplitParams& p, char* smem, const SplitCta&
   Tensor sQ = get<0>(smem_tensors);                                              // (kBlockM, kHeadDim)
   Tensor sK = get<1>(smem_tensors);                                              // (kBlockKV, kHeadDim, kStages)
   Tensor sV = get<2>(smem_tensors);                                              // (kBlockKV, kHeadDim, kStages)
-  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});          // (kHeadDim, kBlockKV, kStages)
-  Tensor sVtNoSwizzle = make_tensor(sV.data().get(), typename Traits::SmemLayoutVtNoSwizzle{});
+  Tensor sVt = get<3>(smem_tensors);                                             // (kHeadDim, kBlockKV, kStages)
+  Tensor sVtNoSwizzle = get<4>(smem_tensors);                                    // same, unswizzled
   Tensor sP = make_tensor(sV.data() + int(Traits::kKVElems),
                           typename Traits::SmemLayoutP{});                       // (kBlockM, kBlockKV)
   float* exchange = reinterpret_cast<float*>(smem + Traits::kSmemBytes - 4 * Traits::kExchangeFloats);
