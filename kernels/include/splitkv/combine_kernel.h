@@ -22,10 +22,11 @@ __global__ void __launch_bounds__(Traits::kThreads) combine_kernel(const __grid_
 #endif
   const int lane = threadIdx.x % kLanes;
   const int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / kLanes;  // over (B, Hkv, packed rows)
+  // Every lane folds (fold_partials shuffles across the warp); lanes past the last row fold
+  // the last row again and store nothing.
+  const MergeState state = fold_partials<Traits::kHeadDim>(p.ws_o, p.ws_m, p.ws_l, p.num_splits, p.total_rows,
+                                                           min(row, p.total_rows - 1), lane);
   if (row >= p.total_rows) return;
-  // Every lane of a row tracks the row's m and l itself, so no lane waits on another.
-  const MergeState state =
-      fold_partials<Traits::kHeadDim>(p.ws_o, p.ws_m, p.ws_l, p.num_splits, p.total_rows, row, lane * 4);
 
   const int64_t bh = row / p.packed_rows;
   const int r = int(row % p.packed_rows);

@@ -32,14 +32,18 @@ CUTE_DEVICE void merge_if_last_split(const SplitParams& p, int m_block, int row0
   const int rows = min(Traits::kBlockM, p.packed_rows - row0);
   const int64_t split_stride = int64_t(p.batch) * p.kv_heads * p.packed_rows;
   const int64_t tile_row0 = (int64_t(b) * p.kv_heads + h_kv) * p.packed_rows + row0;
-  for (int item = threadIdx.x; item < rows * kVecs; item += Traits::kNThreads) {
-    const int r = item / kVecs;
-    const int col = (item % kVecs) * 4;
+  // Whole warps fold (fold_partials shuffles across the warp); lanes past the last item fold
+  // row 0 again and store nothing.
+  const int items = rows * kVecs;
+  for (int item = threadIdx.x; item < (items + 31) / 32 * 32; item += Traits::kNThreads) {
+    const int r = item < items ? item / kVecs : 0;
+    const int lane = item % kVecs;
     const MergeState state = fold_partials<Traits::kHeadDim>(p.ws_o, p.ws_m, p.ws_l, p.num_splits, split_stride,
-                                                             tile_row0 + r, col);
+                                                             tile_row0 + r, lane);
+    if (item >= items) continue;
     const int row = row0 + r;
     store_merged<Element>(state, p.out, p.lse, p.o_batch_stride, p.o_row_stride, p.o_head_stride, p.q_heads,
-                          p.q_len, b, h_kv * p.group + row % p.group, row / p.group, col);
+                          p.q_len, b, h_kv * p.group + row % p.group, row / p.group, lane * 4);
   }
 }
 

@@ -1,7 +1,6 @@
 // The softmax state of one row while split partials are merged (params.h's contract,
 // natural-log units), and the fold over a row's S partials that the combine kernel and the
-// fused merge share. Merging is associative, so partials can be folded in any order and
-// each round of loads waits on no arithmetic.
+// fused merge share, so both produce the same bits.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,10 +8,12 @@
 #include <cmath>
 #include <cstdint>
 
+#include "splitkv/utils.h"
+
 namespace splitkv {
 
-// Splits whose loads one thread issues together: enough to cover the usual S in one round
-// trip, few enough that 16 float4 stay in registers.
+// Splits folded per round: lane u < 16 of a row's lanes loads split u's m and l, and every lane
+// keeps its float4 of the 16 partial O rows in registers.
 inline constexpr int kSplitsPerLoadRound = 16;
 
 struct MergeState {
@@ -20,19 +21,24 @@ struct MergeState {
   float l = 0.f;                           // sum of exp(m_s - m) * l_s
   float4 o = make_float4(0.f, 0.f, 0.f, 0.f);  // sum of exp(m_s - m) * O_s over this thread's 4 columns
 
-  // Folds in one split. An empty split (l_s == 0, or m_s == -inf) changes nothing, whatever
-  // its O_s holds.
-  __device__ __forceinline__ void merge(float m_s, float l_s, float4 o_s) {
-    if (!(l_s > 0.f) || m_s == -INFINITY) return;
-    const float m_new = fmaxf(m, m_s);
+  // Moves the running max up to m_new if it is higher, rescaling what was merged so far.
+  __device__ __forceinline__ void raise_max(float m_new) {
+    if (!(m_new > m)) return;
     const float keep = expf(m - m_new);  // 0 while nothing was merged (m == -inf)
-    const float take = expf(m_s - m_new);
-    l = l * keep + l_s * take;
-    o.x = o.x * keep + o_s.x * take;
-    o.y = o.y * keep + o_s.y * take;
-    o.z = o.z * keep + o_s.z * take;
-    o.w = o.w * keep + o_s.w * take;
+    l *= keep;
+    o.x *= keep;
+    o.y *= keep;
+    o.z *= keep;
+    o.w *= keep;
     m = m_new;
+  }
+
+  // Adds weight * O_s, with weight = exp(m_s - m) for a split whose m_s is at most m.
+  __device__ __forceinline__ void add_o(float weight, float4 o_s) {
+    o.x = fmaf(o_s.x, weight, o.x);
+    o.y = fmaf(o_s.y, weight, o.y);
+    o.z = fmaf(o_s.z, weight, o.z);
+    o.w = fmaf(o_s.w, weight, o.w);
   }
 
   __device__ __forceinline__ bool empty() const { return !(l > 0.f); }
@@ -45,28 +51,51 @@ struct MergeState {
   }
 };
 
-// Folds columns [col, col + 4) of workspace row `row` over its `num_splits` partials
-// (rows of one split are `split_stride` apart). Loads go through L2 only: in the fused merge
-// they read what other SMs wrote during this launch.
+// Folds workspace row `row` over its `num_splits` partials (rows of one split are
+// `split_stride` apart). The kHeadDim / 4 lanes of a row (aligned inside a warp) each fold the
+// float4 at column 4 * lane; every lane of the warp must call this together (the shuffles
+// use the full mask), a lane without a row of its own with any valid row.
+// Per round of 16 splits: each lane issues its 16 O loads, lane u loads split u's m and l,
+// the lanes agree on the round's max with shuffles (one rescale per round), lane u computes
+// split u's weight and every lane reads it back with one shuffle. The merging CTA runs this
+// once, cold, with one warp per scheduler, so its time is its instruction count (docs/NOTES.md,
+// session 5). Loads go through L2 only: in the fused merge they read what other SMs wrote
+// during this launch. An empty split (l_s == 0) adds nothing, whatever its m_s and O_s hold.
 template <int kHeadDim>
 __device__ __forceinline__ MergeState fold_partials(const float* ws_o, const float* ws_m, const float* ws_l,
-                                                    int num_splits, int64_t split_stride, int64_t row, int col) {
+                                                    int num_splits, int64_t split_stride, int64_t row, int lane) {
+  constexpr int kLanes = kHeadDim / 4;
+  static_assert(32 % kLanes == 0 && kSplitsPerLoadRound <= kLanes, "a row's lanes: inside one warp, one per split");
   MergeState state;
-  const float* o_part = ws_o + row * kHeadDim + col;
+  const int64_t o_split_stride = split_stride * kHeadDim;
+  const float* o_part = ws_o + row * kHeadDim + lane * 4;  // split s0's, then the next round's
+  const float* m_part = ws_m + lane * split_stride + row;  // split s0 + lane's
+  const float* l_part = ws_l + lane * split_stride + row;
   for (int s0 = 0; s0 < num_splits; s0 += kSplitsPerLoadRound) {
-    float m_s[kSplitsPerLoadRound], l_s[kSplitsPerLoadRound];
+    const int n = min(num_splits - s0, kSplitsPerLoadRound);
     float4 o_s[kSplitsPerLoadRound];
 #pragma unroll
     for (int u = 0; u < kSplitsPerLoadRound; ++u) {
-      const int64_t s = s0 + u;
-      const bool in_range = s < num_splits;
-      m_s[u] = in_range ? __ldcg(ws_m + s * split_stride + row) : -INFINITY;
-      l_s[u] = in_range ? __ldcg(ws_l + s * split_stride + row) : 0.f;
-      o_s[u] = in_range ? __ldcg(reinterpret_cast<const float4*>(o_part + s * split_stride * kHeadDim))
-                        : make_float4(0.f, 0.f, 0.f, 0.f);
+      if (u < n) o_s[u] = __ldcg(reinterpret_cast<const float4*>(o_part));
+      o_part += o_split_stride;
     }
+    float m_u = -INFINITY, l_u = 0.f;  // split s0 + lane's statistics
+    if (lane < n) {
+      l_u = __ldcg(l_part);
+      m_u = __ldcg(m_part);
+      if (!(l_u > 0.f)) m_u = -INFINITY, l_u = 0.f;
+    }
+    m_part += kSplitsPerLoadRound * split_stride;
+    l_part += kSplitsPerLoadRound * split_stride;
+    state.raise_max(lane_group_reduce<kLanes, true>(m_u));
+    const float w_u = l_u > 0.f ? expf(m_u - state.m) : 0.f;
+    state.l += lane_group_reduce<kLanes, false>(w_u * l_u);
 #pragma unroll
-    for (int u = 0; u < kSplitsPerLoadRound; ++u) state.merge(m_s[u], l_s[u], o_s[u]);
+    for (int u = 0; u < kSplitsPerLoadRound; ++u) {
+      if (u >= n) break;
+      const float w = __shfl_sync(0xffffffff, w_u, u, kLanes);
+      if (w > 0.f) state.add_o(w, o_s[u]);
+    }
   }
   return state;
 }
