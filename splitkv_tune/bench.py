@@ -306,7 +306,7 @@ class ShapeBench:
         if self.backend == "reference":
             return "none" if c.num_splits == 1 else "reference"
         from splitkv_tune import ops
-        return ops.resolve_merge(c, self.merge)
+        return ops.resolve_merge(self.shape, c, self.merge)
 
     def launchers(self, config: Config) -> list[Callable[[], torch.Tensor]]:
         """One zero-argument callable per input set, each running ``config`` on its set.

@@ -131,26 +131,26 @@ def resolve_config(shape: Shape, device_index: int, num_splits="auto", block_kv=
     return Config(**given).validate()
 
 
-def resolve_merge(config: Config, merge: str = "auto") -> str:
+def resolve_merge(shape: Shape, config: Config, merge: str = "auto") -> str:
     """How a launch merges its partials: ``"none"`` (one split), ``"fused"`` or ``"kernel"``.
 
-    ``"kernel"``: the combine kernel, with ``reduce_threads`` threads per block, launched
-    programmatically so that it starts while the split kernel drains. ``"fused"``: the last
-    split CTA of each query tile merges the tile (one launch, not two). ``"auto"`` is
-    ``"kernel"``: on an H200 the fused merge is at most 1% faster at any decode shape and
-    split count measured, and up to 3% slower at 4 splits, up to 11% where the split grid
-    takes more than one wave (its count holds every CTA) and 6-100% for tiles of more than
-    4 rows (docs/PERFORMANCE.md).
+    ``"fused"``: the last split CTA of each query tile merges the tile (no combine kernel).
+    ``"kernel"``: the combine kernel, with ``reduce_threads`` threads per block. ``"auto"``
+    is ``"fused"`` where that merge is one round of loads per thread
+    (``tunables.fused_merge_fits``), else ``"kernel"``.
 
-    >>> [resolve_merge(Config(num_splits=s)) for s in (1, 8)]
-    ['none', 'kernel']
-    >>> resolve_merge(Config(num_splits=8), "fused")
-    'fused'
+    >>> decode, prefill = Shape("bf16", 128, 1, 32, 8, 1, 4096), Shape("bf16", 128, 1, 32, 8, 16, 4096)
+    >>> [resolve_merge(s, Config(num_splits=8)) for s in (decode, prefill)]
+    ['fused', 'kernel']
+    >>> resolve_merge(decode, Config(num_splits=1), "kernel")
+    'none'
     """
     tunables.check_merge(merge)
     if config.num_splits == 1:
         return "none"
-    return "kernel" if merge == "auto" else merge
+    if merge == "auto":
+        return "fused" if tunables.fused_merge_fits(shape) else "kernel"
+    return merge
 
 
 def workspace_size(q: torch.Tensor, k: torch.Tensor, num_splits: int) -> int:
@@ -292,7 +292,7 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
     if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale):
         raise ValueError(f"softmax_scale must be a finite number, got {softmax_scale!r}")
     config = resolve_config(shape, q.device.index, num_splits, block_kv, reduce_threads, split_policy)
-    fused_merge = resolve_merge(config, merge) == "fused"
+    fused_merge = resolve_merge(shape, config, merge) == "fused"
     _check_workspace(q, workspace)
     op = _attention_op if torch.compiler.is_compiling() else _attention_impl
     out, lse = op(q, k, v, workspace, bool(causal), float(softmax_scale), config.num_splits,

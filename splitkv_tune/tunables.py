@@ -40,7 +40,7 @@ REDUCE_THREADS = (64, 128, 256)
 SPLIT_POLICIES = ("length", "blocks")
 MAX_SPLITS = 128
 # How the S partials are merged: "kernel" launches the combine kernel; "fused" lets the last
-# split CTA of each query tile to finish merge them (no second launch); "auto" is "kernel".
+# split CTA of each query tile to finish merge them (no second launch); "auto" picks.
 MERGES = ("auto", "kernel", "fused")
 WORKSPACE_ALIGN = 128
 KV_STAGES = 2
@@ -215,6 +215,20 @@ def check_merge(merge: str) -> str:
     if merge not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
     return merge
+
+
+def fused_merge_fits(shape: Shape) -> bool:
+    """Whether the fused merge of one query tile is one float4 per thread of the last CTA.
+
+    Past that, the last CTA merges rows one after another and the combine kernel, spread over
+    many CTAs, is faster (H200: 10% slower fused at Sq = 4, 60% at a 16-query causal chunk;
+    ``docs/PERFORMANCE.md``).
+
+    >>> [fused_merge_fits(Shape("bf16", 128, 1, 32, 8, q, 4096)) for q in (1, 2)]
+    [True, False]
+    """
+    rows = min(block_m_for(shape.packed_rows), shape.packed_rows)
+    return rows * shape.head_dim // 4 <= NUM_WARPS * 32
 
 
 def num_m_blocks(shape: Shape) -> int:

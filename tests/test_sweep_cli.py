@@ -230,13 +230,18 @@ def test_bench_command_rejects_bad_values():
 
 def test_resolve_merge():
     from splitkv_tune import ops
+    decode = Shape("bf16", 128, 1, 32, 8, 1, 4096)
     with pytest.raises(ValueError, match="merge must be one of"):
-        ops.resolve_merge(tunables.Config(num_splits=4), "dsmem")
-    for merge in tunables.MERGES:
-        assert ops.resolve_merge(tunables.Config(num_splits=1), merge) == "none"
-    assert ops.resolve_merge(tunables.Config(num_splits=4)) == "kernel"
+        ops.resolve_merge(decode, tunables.Config(num_splits=4), "dsmem")
+    assert ops.resolve_merge(decode, tunables.Config(num_splits=1), "fused") == "none"
+    assert ops.resolve_merge(decode, tunables.Config(num_splits=4), "kernel") == "kernel"
+    assert ops.resolve_merge(decode, tunables.Config(num_splits=4), "auto") == "fused"
+    # One float4 per thread: 4 rows at head dim 128, 8 at 64; MQA decode packs 32 rows.
+    for hq, hkv, d, fused in ((32, 8, 128, True), (64, 8, 64, True), (32, 1, 128, False)):
+        shape = Shape("bf16", d, 1, hq, hkv, 1, 4096)
+        assert ops.resolve_merge(shape, tunables.Config(num_splits=4)) == ("fused" if fused else "kernel")
     for force in ("fused", "kernel"):
-        assert ops.resolve_merge(tunables.Config(num_splits=4), force) == force
+        assert ops.resolve_merge(Shape("bf16", 128, 1, 32, 1, 1, 4096), tunables.Config(4), force) == force
 
 
 def test_env_command_prints_metadata():
