@@ -221,7 +221,7 @@ def fused_merge_fits(shape: Shape) -> bool:
     """Whether the fused merge of one query tile is one float4 per thread of the last CTA.
 
     Past that, the last CTA merges rows one after another and the combine kernel, spread over
-    many CTAs, is faster (H200: 10% slower fused at Sq = 4, 60% at a 16-query causal chunk;
+    many CTAs, is faster (H200: 15% slower fused at Sq = 4, 56% at a 16-query causal chunk;
     ``docs/PERFORMANCE.md``).
 
     >>> [fused_merge_fits(Shape("bf16", 128, 1, 32, 8, q, 4096)) for q in (1, 2)]
