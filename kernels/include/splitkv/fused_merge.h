@@ -16,7 +16,7 @@ namespace splitkv {
 template <class Traits>
 CUTE_DEVICE void merge_if_last_split(const SplitParams& p, int m_block, int row0, int b, int h_kv) {
   using Element = typename Traits::Element;
-  constexpr int kVecs = Traits::kHeadDim / 4;  // float4 items per row
+  constexpr int kVecs = kLanesPerRow<Traits::kHeadDim>;  // float4 items per row, one per lane
   __syncthreads();  // the whole CTA's partial is written
   int is_last = 0;
   if (threadIdx.x == 0) {

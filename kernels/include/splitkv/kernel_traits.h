@@ -6,6 +6,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
+#include "splitkv/merge_state.h"
 #include "splitkv/tunables.h"
 
 namespace splitkv {
@@ -109,8 +110,7 @@ struct CombineKernelTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kThreads = kThreads_;
   static_assert(is_allowed(kReduceThreads, kThreads), "reduce threads not in tunables.h");
-  static constexpr int kThreadsPerRow = kHeadDim / 4;  // one float4 of O per thread
-  static_assert(32 % kThreadsPerRow == 0, "a row's threads stay inside one warp");
+  static constexpr int kThreadsPerRow = kLanesPerRow<kHeadDim>;  // one float4 of O per thread
   static constexpr int kRowsPerBlock = kThreads / kThreadsPerRow;
 };
 

@@ -12,6 +12,11 @@
 
 namespace splitkv {
 
+// Lanes that fold one row together (fold_partials), each owning one float4 of its O: the
+// combine kernel and the fused merge lay their threads out by it, so both fold alike.
+template <int kHeadDim>
+inline constexpr int kLanesPerRow = kHeadDim / 4;
+
 // Splits folded per round: lane u < 16 of a row's lanes loads split u's m and l, and every lane
 // keeps its float4 of the 16 partial O rows in registers.
 inline constexpr int kSplitsPerLoadRound = 16;
@@ -52,7 +57,7 @@ struct MergeState {
 };
 
 // Folds workspace row `row` over its `num_splits` partials (rows of one split are
-// `split_stride` apart). The kHeadDim / 4 lanes of a row (aligned inside a warp) each fold the
+// `split_stride` apart). The kLanesPerRow lanes of a row (aligned inside a warp) each fold the
 // float4 at column 4 * lane; every lane of the warp must call this together (the shuffles
 // use the full mask), a lane without a row of its own with any valid row.
 // Per round of 16 splits: each lane issues its 16 O loads, lane u loads split u's m and l,
@@ -64,7 +69,7 @@ struct MergeState {
 template <int kHeadDim>
 __device__ __forceinline__ MergeState fold_partials(const float* ws_o, const float* ws_m, const float* ws_l,
                                                     int num_splits, int64_t split_stride, int64_t row, int lane) {
-  constexpr int kLanes = kHeadDim / 4;
+  constexpr int kLanes = kLanesPerRow<kHeadDim>;
   static_assert(32 % kLanes == 0 && kSplitsPerLoadRound <= kLanes, "a row's lanes: inside one warp, one per split");
   MergeState state;
   const int64_t o_split_stride = split_stride * kHeadDim;
@@ -83,7 +88,10 @@ __device__ __forceinline__ MergeState fold_partials(const float* ws_o, const flo
     if (lane < n) {
       l_u = __ldcg(l_part);
       m_u = __ldcg(m_part);
-      if (!(l_u > 0.f)) m_u = -INFINITY, l_u = 0.f;
+      if (!(l_u > 0.f)) {  // empty: skipped whatever m_s holds
+        m_u = -INFINITY;
+        l_u = 0.f;
+      }
     }
     m_part += kSplitsPerLoadRound * split_stride;
     l_part += kSplitsPerLoadRound * split_stride;
