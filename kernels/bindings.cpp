@@ -85,7 +85,7 @@ void split_forward(const py::dict& d) {
   const int head_dim = get<int>(d, "head_dim");
   const int block_kv = get<int>(d, "block_kv");
   check_smem(dtype, head_dim, block_m, block_kv, get<int>(d, "device"));
-  run_split(p, dtype, head_dim, block_m, block_kv, stream_of(d));
+  run_split(p, dtype, head_dim, block_m, block_kv, stream_of(d), get<bool>(d, "pdl"));
 }
 
 void combine_forward(const py::dict& d) {
@@ -104,7 +104,7 @@ void combine_forward(const py::dict& d) {
   p.num_splits = get<int>(d, "num_splits");
   p.total_rows = int64_t(p.batch) * p.kv_heads * p.packed_rows;
   run_combine(p, static_cast<DType>(get<int>(d, "dtype")), get<int>(d, "head_dim"), get<int>(d, "reduce_threads"),
-              stream_of(d));
+              stream_of(d), get<bool>(d, "pdl"));
 }
 
 py::dict compiled_tunables() {

@@ -9,19 +9,20 @@
 namespace splitkv {
 
 template <typename Element, int kHeadDim, int kBlockM, int kBlockKV>
-void run_split_kernel(const SplitParams& p, cudaStream_t stream);
+void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmatic);
 template <typename Element, int kHeadDim, int kThreads>
-void run_combine_kernel(const CombineParams& p, cudaStream_t stream);
+void run_combine_kernel(const CombineParams& p, cudaStream_t stream, bool programmatic);
 
 template <typename Element>
 constexpr DType dtype_of() {
   return std::is_same_v<Element, cutlass::half_t> ? DType::kFp16 : DType::kBf16;
 }
 
-void run_split(const SplitParams& p, DType dtype, int head_dim, int block_m, int block_kv, cudaStream_t stream) {
+void run_split(const SplitParams& p, DType dtype, int head_dim, int block_m, int block_kv, cudaStream_t stream,
+               bool programmatic) {
 #define SPLITKV_CASE(E, D, BM, BKV)                                                        \
   if (dtype == dtype_of<E>() && head_dim == D && block_m == BM && block_kv == BKV) {       \
-    return run_split_kernel<E, D, BM, BKV>(p, stream);                                    \
+    return run_split_kernel<E, D, BM, BKV>(p, stream, programmatic);                           \
   }
   SPLITKV_FOR_EACH_SPLIT_KERNEL(SPLITKV_CASE)
 #undef SPLITKV_CASE
@@ -29,10 +30,11 @@ void run_split(const SplitParams& p, DType dtype, int head_dim, int block_m, int
                               " block_m=" + std::to_string(block_m) + " block_kv=" + std::to_string(block_kv));
 }
 
-void run_combine(const CombineParams& p, DType dtype, int head_dim, int threads, cudaStream_t stream) {
+void run_combine(const CombineParams& p, DType dtype, int head_dim, int threads, cudaStream_t stream,
+                 bool programmatic) {
 #define SPLITKV_CASE(E, D, T)                                                   \
   if (dtype == dtype_of<E>() && head_dim == D && threads == T) {               \
-    return run_combine_kernel<E, D, T>(p, stream);                             \
+    return run_combine_kernel<E, D, T>(p, stream, programmatic);                      \
   }
   SPLITKV_FOR_EACH_COMBINE_KERNEL(SPLITKV_CASE)
 #undef SPLITKV_CASE

@@ -269,10 +269,12 @@ class ShapeBench:
 
     def __init__(self, shape: Shape, *, backend: str = "cuda", device=None,
                  warmup_s: float = 0.05, min_reps: int = 20, max_time_s: float = 0.2,
-                 check: bool = True, seed: int = 0, num_sms: int = 132, merge: str = "auto"):
+                 check: bool = True, seed: int = 0, num_sms: int = 132, merge: str = "auto",
+                 pdl: bool = True):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.merge = tunables.check_merge(merge)
+        self.pdl = pdl
         self.shape = shape.validate()
         self.backend = backend
         self.device = torch.device(device) if device is not None else default_device(backend)
@@ -282,7 +284,7 @@ class ShapeBench:
         self.num_sms = num_sms
         self.scale = 1.0 / math.sqrt(shape.head_dim)
         self.inputs = make_inputs(shape, self.device, input_sets_needed(shape, self.device), seed)
-        # The reference and the workspace, shared with the copies ``with_merge`` makes.
+        # The reference and the workspace, shared with the copies ``with_launch`` makes.
         self._shared: dict = {}
 
     def resolve(self, config: Config) -> Config:
@@ -294,10 +296,14 @@ class ShapeBench:
         return ops.resolve_config(self.shape, index, config.num_splits, config.block_kv,
                                   config.reduce_threads, config.split_policy)
 
-    def with_merge(self, merge: str) -> "ShapeBench":
-        """This bench (same inputs, reference and workspace) launching with another ``merge``."""
+    def with_launch(self, *, merge: str | None = None, pdl: bool | None = None) -> "ShapeBench":
+        """This bench (same inputs, reference and workspace) launching with another ``merge``
+        or programmatic-launch setting (``pdl``, the kernel's ``enable_pdl``)."""
         other = copy.copy(self)
-        other.merge = tunables.check_merge(merge)
+        if merge is not None:
+            other.merge = tunables.check_merge(merge)
+        if pdl is not None:
+            other.pdl = pdl
         return other
 
     def resolve_merge(self, config: Config) -> str:
@@ -329,7 +335,7 @@ class ShapeBench:
                                   softmax_scale=self.scale, num_splits=c.num_splits,
                                   block_kv=c.block_kv, reduce_threads=c.reduce_threads,
                                   split_policy=c.split_policy, merge=self.merge,
-                                  workspace=workspace)
+                                  enable_pdl=self.pdl, workspace=workspace)
                 for q, k, v in self.inputs]
 
     def _workspace(self, nbytes: int) -> torch.Tensor | None:

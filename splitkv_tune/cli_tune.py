@@ -58,6 +58,17 @@ def _parse_list(values, name: str, cast):
     return list(dict.fromkeys(out)) or ["auto"]
 
 
+def _on_off(text: str) -> bool:
+    """``True`` for ``on``, ``False`` for ``off``, else ``ValueError``.
+
+    >>> _on_off("off")
+    False
+    """
+    if text not in ("on", "off"):
+        raise ValueError(text)
+    return text == "on"
+
+
 def parse_duration(text: str | None) -> float | None:
     """Seconds from ``90``, ``90s``, ``30m``, ``8h`` or ``1h30m``.
 
@@ -132,6 +143,9 @@ def _grid_shapes(grid, dtypes, head_dims, patterns):
 @click.option("--merge", multiple=True,
               help="How partials are merged: auto, fused (the last split CTA of each query "
                    "tile), kernel (the combine kernel); comma separated or repeated. Default auto.")
+@click.option("--pdl", multiple=True,
+              help="Programmatic dependent launch (the kernel's enable_pdl): on, off or on,off "
+                   "to time both side by side. Default on.")
 @BACKEND_OPTION
 @click.option("--no-check", is_flag=True, help="Skip the check against the reference.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False),
@@ -141,7 +155,7 @@ def _grid_shapes(grid, dtypes, head_dims, patterns):
                    "(cuda backend).")
 @_timing_options
 def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, splits, block_kv,
-          reduce_threads, policy, merge, backend, no_check, csv_path, breakdown, warmup_s,
+          reduce_threads, policy, merge, pdl, backend, no_check, csv_path, breakdown, warmup_s,
           min_reps, max_time_s):
     """Time one shape with one or several configs (the product of the lists)."""
     from splitkv_tune import bench as bench_mod
@@ -161,26 +175,30 @@ def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, spli
     shape_bench = bench_mod.ShapeBench(shape, backend=backend, check=not no_check,
                                        num_sms=_num_sms(backend, None), **timing)
     try:
-        benches = [shape_bench.with_merge(m) for m in _parse_list(merge, "--merge", str)]
+        merges = [tunables.check_merge(m) for m in _parse_list(merge, "--merge", str)]
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--merge")
+    pdls = [p if p != "auto" else True for p in _parse_list(pdl, "--pdl", _on_off)]
+    benches = [shape_bench.with_launch(merge=m, pdl=p) for m, p in itertools.product(merges, pdls)]
     copy_bw = bench_mod.copy_bandwidth_gbps(shape_bench.device, **timing)
     rows = []
     try:
         configs = list(dict.fromkeys(shape_bench.resolve(c) for c in configs))
     except ValueError as err:
         raise click.UsageError(f"bad config: {err}")
-    runs = {}  # (config, how it merges) -> the bench that launches it
-    for config, merge_bench in itertools.product(configs, benches):
-        merged_by = merge_bench.resolve_merge(config)
-        if (config, merged_by) in runs:
+    runs = {}  # (config, how it merges, programmatic launch) -> the bench that launches it
+    for config, launch_bench in itertools.product(configs, benches):
+        # Programmatic launch is a CUDA launch setting: the reference backend has none.
+        key = (config, launch_bench.resolve_merge(config), launch_bench.pdl if backend == "cuda" else None)
+        if key in runs:
             continue
-        runs[(config, merged_by)] = merge_bench
-        result = merge_bench.measure(config)
+        runs[key] = launch_bench
+        result = launch_bench.measure(config)
         gbps = result.gbps(shape.bytes_moved())
         rows.append({"num_splits": config.num_splits, "block_kv": config.block_kv,
                      "reduce_threads": config.reduce_threads, "split_policy": config.split_policy,
-                     "merge": merged_by, "status": result.status, "median_us": result.median_us,
+                     "merge": key[1], "pdl": {True: "on", False: "off", None: "-"}[key[2]],
+                     "status": result.status, "median_us": result.median_us,
                      "p20_us": result.p20_us, "p80_us": result.p80_us, "n": result.n,
                      "gbps": gbps, "pct_copy_bw": 100 * gbps / copy_bw, "method": result.method,
                      "reason": result.reason})
@@ -197,17 +215,17 @@ def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, spli
 
 
 def _print_breakdowns(runs, frame) -> None:
-    """One kernel-time table per (config, merge) that ran correctly."""
+    """One kernel-time table per (config, merge, pdl) that ran correctly."""
     from splitkv_tune import breakdown as breakdown_mod
     import pandas as pd
 
-    for ((config, merged_by), merge_bench), status, per_call_us in zip(
+    for ((config, merged_by, pdl), launch_bench), status, per_call_us in zip(
             runs.items(), frame["status"], frame["median_us"]):
         if status != "ok":
             continue
-        rows = pd.DataFrame(breakdown_mod.config_breakdown(merge_bench, config, per_call_us))
+        rows = pd.DataFrame(breakdown_mod.config_breakdown(launch_bench, config, per_call_us))
         rows["share"] = (100 * rows["share"]).map(lambda x: f"{x:.1f}%")
-        click.echo(f"\nkernels of {config} (merge: {merged_by}):")
+        click.echo(f"\nkernels of {config} (merge: {merged_by}, pdl: {'on' if pdl else 'off'}):")
         click.echo(rows.to_string(index=False, float_format=lambda x: f"{x:.2f}", na_rep="-"))
 
 
@@ -340,13 +358,16 @@ def table(trials, output, gpu, min_margin, from_storage):
 @click.option("--config", "config_text", default=None,
               help="Run this config everywhere: SPLITS,BLOCK_KV,REDUCE_THREADS,POLICY.")
 @click.option("--peers", default=",".join(["sdpa_flash", "sdpa_cudnn", "flex"]), show_default=True)
+@click.option("--with-no-pdl", is_flag=True,
+              help="Also time ours launched without programmatic dependent launch "
+                   "(column ours_no_pdl; not a peer).")
 @BACKEND_OPTION
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/compare",
               show_default=True)
 @click.option("--progress/--no-progress", default=None)
 @_timing_options
-def compare(grid, dtypes, head_dims, patterns, table_path, config_text, peers, backend, out_dir,
-            progress, warmup_s, min_reps, max_time_s):
+def compare(grid, dtypes, head_dims, patterns, table_path, config_text, peers, with_no_pdl, backend,
+            out_dir, progress, warmup_s, min_reps, max_time_s):
     """Ours vs SDPA flash, SDPA cuDNN and FlexAttention; writes compare.csv and compare.md."""
     import pandas as pd
 
@@ -373,7 +394,7 @@ def compare(grid, dtypes, head_dims, patterns, table_path, config_text, peers, b
     results = compare_mod.run_compare(
         shapes, backend=backend, peers=peer_list, heuristics=heuristics, fixed=fixed,
         timing=_timing(grid_obj.timing, warmup_s, min_reps, max_time_s), run_id=run_id,
-        progress=progress)
+        progress=progress, with_no_pdl=with_no_pdl)
     out = Path(out_dir)
     table_mod.atomic_write_csv(out / "compare.csv", results)
     markdown = compare_mod.markdown_table(results)

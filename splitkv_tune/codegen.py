@@ -57,11 +57,11 @@ def instantiation_files() -> dict[str, str]:
         files[f"split_{dt}_hd{hd}_bm{bm}_bkv{bkv}.cu"] = (
             BANNER + '#include "splitkv/split_launch.h"\n\nnamespace splitkv {\n'
             f"template void run_split_kernel<{ELEMENT[dt]}, {hd}, {bm}, {bkv}>("
-            "const SplitParams&, cudaStream_t);\n}  // namespace splitkv\n")
+            "const SplitParams&, cudaStream_t, bool);\n}  // namespace splitkv\n")
     for dt in tunables.DTYPES:
         for hd in tunables.HEAD_DIMS:
             lines = "".join(f"template void run_combine_kernel<{ELEMENT[dt]}, {hd}, {t}>("
-                            "const CombineParams&, cudaStream_t);\n"
+                            "const CombineParams&, cudaStream_t, bool);\n"
                             for t in tunables.REDUCE_THREADS)
             files[f"combine_{dt}_hd{hd}.cu"] = (
                 BANNER + '#include "splitkv/combine_launch.h"\n\nnamespace splitkv {\n'

@@ -6,7 +6,9 @@ under ``sdpa_kernel(FLASH_ATTENTION | CUDNN_ATTENTION)``, inputs copied to conti
 ``Sq > 1``) and ``flex`` (``torch.compile``'d ``flex_attention`` with the Dynamo recompile
 limit raised so every shape compiles). A peer that raises or returns a wrong answer is
 reported as failed with its reason. The floor is the bytes moved divided by the copy
-bandwidth measured in the same run.
+bandwidth measured in the same run. ``ours`` launches as ``splitkv_attention`` does by default,
+with programmatic dependent launch; ``with_no_pdl`` also times it without (``ours_no_pdl``),
+which is not a peer.
 """
 from __future__ import annotations
 
@@ -114,7 +116,7 @@ def _row(shape: Shape, impl: str, config: str, timing: bench.Timing, copy_bw: fl
 def run_compare(shapes: list[Shape], *, backend: str = "cuda", peers=PEERS,
                 heuristics: pd.DataFrame | None = None, fixed: Config | None = None,
                 timing: dict | None = None, run_id: str = "", device=None,
-                progress=None) -> pd.DataFrame:
+                progress=None, with_no_pdl: bool = False) -> pd.DataFrame:
     """Time ours and every peer on each shape; one row per (shape, implementation)."""
     from tqdm.auto import tqdm
 
@@ -128,6 +130,9 @@ def run_compare(shapes: list[Shape], *, backend: str = "cuda", peers=PEERS,
         config = our_config(shape, heuristics, fixed)
         rows.append(_row(shape, "ours", space.config_key(config), shape_bench.measure(config),
                          copy_bw, run_id))
+        if with_no_pdl and backend == "cuda":
+            rows.append(_row(shape, "ours_no_pdl", space.config_key(config),
+                             shape_bench.with_launch(pdl=False).measure(config), copy_bw, run_id))
         for peer in peers:
             try:
                 make = peer_factory(peer, shape, shape_bench.scale)
@@ -147,7 +152,8 @@ def _fmt_us(value: float) -> str:
 
 def markdown_table(results: pd.DataFrame) -> str:
     """Wide markdown: µs per implementation, ours as % of copy bandwidth, speedup vs the best
-    peer (best peer µs / ours µs) and its geometric mean.
+    peer (best peer µs / ours µs) and its geometric mean. Implementations named ``ours*`` are
+    our own launch variants, never the best peer.
 
     >>> r = pd.DataFrame([
     ...   dict(dtype="bf16", head_dim=128, causal=0, batch=1, q_heads=32, kv_heads=8, q_len=1,
@@ -157,7 +163,7 @@ def markdown_table(results: pd.DataFrame) -> str:
     | 1 | 32 | 8 | 1 | 4096 | 128 | bf16 | 0 | 3.9 | 10.0 | 20.0 | 40.0% | 2.00x |
     """
     impls = list(dict.fromkeys(results["impl"]))
-    peers = [i for i in impls if i != "ours"]
+    peers = [i for i in impls if not i.startswith("ours")]
     head = ["B", "Hq", "Hkv", "Sq", "Sk", "D", "dtype", "causal", "floor µs"] \
         + [f"{i} µs" for i in impls] + ["ours % copy bw", "speedup vs best peer"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -217,8 +217,8 @@ def _strides(prefix: str, t: torch.Tensor) -> dict:
 
 def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   workspace: torch.Tensor | None, causal: bool, softmax_scale: float, num_splits: int, block_kv: int,
-                  reduce_threads: int, split_policy: int, return_lse: bool, fused_merge: bool
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  reduce_threads: int, split_policy: int, return_lse: bool, fused_merge: bool,
+                  pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
     ext = _extension()
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
     batch, q_len, q_heads, head_dim = q.shape
@@ -237,7 +237,7 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     common = {"out": out.data_ptr(), "lse": lse.data_ptr() if return_lse else 0,
               "ws_o": base, "ws_m": base + m_off, "ws_l": base + l_off, "tile_counters": counters,
               "batch": batch, "q_len": q_len, "kv_heads": kv_heads,
-              "dtype": _DTYPES[q.dtype][1], "head_dim": head_dim, "stream": stream,
+              "dtype": _DTYPES[q.dtype][1], "head_dim": head_dim, "stream": stream, "pdl": pdl,
               **_strides("o", out)}
     with torch.cuda.device(q.device):
         ext.split_forward({**common, **_strides("q", q), **_strides("k", k), **_strides("v", v),
@@ -260,7 +260,7 @@ _attention_op = torch.library.custom_op("splitkv::attention", mutates_args=("wor
 
 @_attention_op.register_fake
 def _(q, k, v, workspace, causal, softmax_scale, num_splits, block_kv, reduce_threads,
-      split_policy, return_lse, fused_merge):
+      split_policy, return_lse, fused_merge, pdl):
     batch, q_len, q_heads, _ = q.shape
     lse_shape = (batch, q_heads, q_len) if return_lse else (0,)
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
@@ -269,8 +269,8 @@ def _(q, k, v, workspace, causal, softmax_scale, num_splits, block_kv, reduce_th
 
 def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="auto",
                       block_kv="auto", reduce_threads="auto", split_policy="auto",
-                      merge="auto", workspace=None, return_lse=False, cache_seqlens=None,
-                      block_table=None):
+                      merge="auto", workspace=None, return_lse=False, enable_pdl=True,
+                      cache_seqlens=None, block_table=None):
     """Split-KV attention forward.
 
     q ``(B, Sq, Hq, D)``, k and v ``(B, Sk, Hkv, D)``, fp16 or bf16 on one CUDA device,
@@ -282,6 +282,9 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
     tile merges it) or ``"kernel"`` (the combine kernel); see ``resolve_merge``. ``workspace``:
     optional uint8 tensor of at least ``workspace_size(q, k, num_splits)`` bytes, 128-byte
     aligned; otherwise a per-device buffer is cached (preallocate one before CUDA-graph capture).
+    ``enable_pdl``: launch the kernels with programmatic dependent launch (sm_90 and newer;
+    ignored on older GPUs), so that the launch and the index arithmetic overlap the previous
+    kernel of the stream; every memory access still waits until that kernel has finished.
     """
     if cache_seqlens is not None or block_table is not None:
         raise ValueError("cache_seqlens and block_table (paged / variable-length KV) are not "
@@ -294,10 +297,12 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
     config = resolve_config(shape, q.device.index, num_splits, block_kv, reduce_threads, split_policy)
     fused_merge = resolve_merge(shape, config, merge) == "fused"
     _check_workspace(q, workspace)
+    if not isinstance(enable_pdl, bool):
+        raise TypeError(f"enable_pdl must be True or False, got {enable_pdl!r}")
     op = _attention_op if torch.compiler.is_compiling() else _attention_impl
     out, lse = op(q, k, v, workspace, bool(causal), float(softmax_scale), config.num_splits,
                   config.block_kv, config.reduce_threads, _POLICY_CODES[config.split_policy],
-                  bool(return_lse), fused_merge)
+                  bool(return_lse), fused_merge, enable_pdl)
     return (out, lse) if return_lse else out
 
 
@@ -330,6 +335,6 @@ def combine_partials(o_part: torch.Tensor, m: torch.Tensor, l: torch.Tensor, *, 
             "out": out.data_ptr(), "lse": lse.data_ptr(), **_strides("o", out),
             "batch": batch, "kv_heads": kv_heads, "group": group, "q_len": q_len,
             "num_splits": splits, "dtype": _DTYPES[out_dtype][1], "head_dim": head_dim,
-            "reduce_threads": reduce_threads,
+            "reduce_threads": reduce_threads, "pdl": False,
             "stream": torch.cuda.current_stream(o_part.device).cuda_stream})
     return out, lse

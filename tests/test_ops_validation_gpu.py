@@ -37,7 +37,8 @@ def _bad_calls():
         r"\bq\b|stride|contiguous"
     for kw, name in ((dict(num_splits=0), "num_splits"), (dict(num_splits=129), "num_splits"),
                      (dict(block_kv=48), "block_kv"), (dict(reduce_threads=100), "reduce_threads"),
-                     (dict(split_policy="foo"), "split_policy"), (dict(merge="dsmem"), "merge")):
+                     (dict(split_policy="foo"), "split_policy"), (dict(merge="dsmem"), "merge"),
+                     (dict(enable_pdl="yes"), "enable_pdl")):
         yield f"{name}={list(kw.values())[0]}", base, call(**kw), name
     yield "workspace too small", base, call(
         num_splits=8, workspace=lambda: torch.empty(16, dtype=torch.uint8, device="cuda")), "workspace"

@@ -8,7 +8,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from splitkv_tune import bench, space, tunables
+from splitkv_tune import bench, compare, space, tunables
 from splitkv_tune.cli_tune import bench as bench_cmd
 from splitkv_tune.cli_tune import env as env_cmd
 from splitkv_tune.cli_tune import sweep as sweep_cmd
@@ -212,6 +212,7 @@ def test_bench_command_on_reference_backend(tmp_path):
     assert (frame.status == "ok").all() and (frame.block_kv == 64).all()
     assert "pct_copy_bw" in frame.columns and "GB/s" in result.output
     assert set(frame["merge"]) == {"none", "reference"}  # S=1 merges nothing
+    assert set(frame["pdl"]) == {"-"}  # a CUDA launch setting; --pdl on,off adds no rows here
 
 
 def test_bench_breakdown_needs_the_cuda_backend():
@@ -226,6 +227,17 @@ def test_bench_command_rejects_bad_values():
     assert result.exit_code == 2 and "head_dim" in result.output
     result = CliRunner().invoke(bench_cmd, ["--backend", "reference", "--merge", "dsmem"])
     assert result.exit_code == 2 and "--merge" in result.output
+    result = CliRunner().invoke(bench_cmd, ["--backend", "reference", "--pdl", "maybe"])
+    assert result.exit_code == 2 and "--pdl" in result.output
+
+
+def test_compare_markdown_never_takes_our_variant_for_the_best_peer():
+    rows = [dict(dtype="bf16", head_dim=128, causal=0, batch=1, q_heads=32, kv_heads=8, q_len=1,
+                 kv_len=4096, impl=impl, config="", median_us=us, status="ok", frac_copy_bw=0.5,
+                 floor_us=3.9) for impl, us in (("ours", 10.0), ("ours_no_pdl", 11.0),
+                                                ("sdpa_flash", 20.0))]
+    line = compare.markdown_table(pd.DataFrame(rows)).splitlines()[2]
+    assert line.endswith("| 10.0 | 11.0 | 20.0 | 50.0% | 2.00x |")
 
 
 def test_resolve_merge():

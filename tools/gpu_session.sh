@@ -2,7 +2,8 @@
 # Build, test and measure on a GPU host in one go; logs and results go under $OUT (or ./gpu-out).
 # Usage: [GPU=h100] tools/gpu_session.sh MODE...   (GPU defaults to h200; modes run in order)
 # test: GPU tests (~1 min); merge-ab: combine kernel vs fused merge on the small decode
-# shapes (~2 min); sweep: quick grid (~3 min); evaluate: selector regret on the GPU (~2 min);
+# shapes (~2 min); pdl-ab: the table's config with and without programmatic dependent launch
+# on the small decode shapes and two fixed-cost and two large ones (~1.5 min); sweep: quick grid (~3 min); evaluate: selector regret on the GPU (~2 min);
 # breakdown: kernel time per call (~1.5 min); compare: quick grid and causal prefill against
 # the peers (~6 min). The build takes ~1.5 min first.
 # Offline hosts: carry the wheels of gpu-wheelhouse.sh in .whl/ (installed to /tmp/site first).
@@ -43,6 +44,13 @@ for mode in "$@"; do
           --splits 4,8,16,32 --block-kv 64,128 --merge kernel,fused 2>&1 | tail -18
       done | tee "$out/merge_ab.log"
       ;;
+    pdl-ab)
+      IFS='|' read -ra shapes <<<"$small_decode|1 8 1 64|4 8 1 1024|16 8 1 65536|16 32 1 16384"
+      for s in "${shapes[@]}"; do
+        set -- $s
+        timeout 60 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 ${5:-} --pdl on,off 2>&1 | tail -3
+      done | tee "$out/pdl_ab.log"
+      ;;
     sweep)
       timeout 420 splitkv-tune sweep --gpu "$flag" --grid quick --no-progress 2>&1 | tail -25 | tee "$out/sweep.log"
       ;;
@@ -60,12 +68,12 @@ for mode in "$@"; do
       ;;
     compare)
       timeout 300 splitkv-tune compare --grid quick --table results/$gpu/heuristics.csv --out results/$gpu/compare \
-        --peers "${PEERS:-sdpa_flash,sdpa_cudnn,flex}" --no-progress 2>&1 | tail -30 | tee "$out/compare.log"
+        --peers "${PEERS:-sdpa_flash,sdpa_cudnn,flex}" --with-no-pdl --no-progress 2>&1 | tail -30 | tee "$out/compare.log"
       timeout 120 splitkv-tune compare --grid configs/prefill.yaml --config 1,64,128,blocks --peers sdpa_flash,sdpa_cudnn \
         --out results/$gpu/compare_prefill --no-progress 2>&1 | tail -8 | tee "$out/prefill.log"
       splitkv-tune env > "$out/env.txt" 2>&1
       ;;
-    *) echo "usage: $0 MODE... (test, merge-ab, sweep, evaluate, breakdown, compare)" >&2; exit 2 ;;
+    *) echo "usage: $0 MODE... (test, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare)" >&2; exit 2 ;;
   esac
   pack
 done

@@ -2,7 +2,7 @@
 #include "splitkv/combine_launch.h"
 
 namespace splitkv {
-template void run_combine_kernel<cutlass::half_t, 64, 64>(const CombineParams&, cudaStream_t);
-template void run_combine_kernel<cutlass::half_t, 64, 128>(const CombineParams&, cudaStream_t);
-template void run_combine_kernel<cutlass::half_t, 64, 256>(const CombineParams&, cudaStream_t);
+template void run_combine_kernel<cutlass::half_t, 64, 64>(const CombineParams&, cudaStream_t, bool);
+template void run_combine_kernel<cutlass::half_t, 64, 128>(const CombineParams&, cudaStream_t, bool);
+template void run_combine_kernel<cutlass::half_t, 64, 256>(const CombineParams&, cudaStream_t, bool);
 }  // namespace splitkv

@@ -2,5 +2,5 @@
 #include "splitkv/split_launch.h"
 
 namespace splitkv {
-template void run_split_kernel<cutlass::bfloat16_t, 64, 16, 128>(const SplitParams&, cudaStream_t);
+template void run_split_kernel<cutlass::bfloat16_t, 64, 16, 128>(const SplitParams&, cudaStream_t, bool);
 }  // namespace splitkv

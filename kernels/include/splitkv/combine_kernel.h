@@ -4,6 +4,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "splitkv/dependent_launch.h"
 #include "splitkv/kernel_traits.h"
 #include "splitkv/merge_state.h"
 #include "splitkv/params.h"
@@ -16,10 +17,9 @@ __global__ void __launch_bounds__(Traits::kThreads) combine_kernel(const __grid_
   constexpr int kLanes = Traits::kThreadsPerRow;
   constexpr int kRows = Traits::kRowsPerBlock;
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched programmatically after the split kernel: wait until its partials are visible.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+  wait_for_previous_grid();
+  allow_dependent_launch();
   const int lane = threadIdx.x % kLanes;
   const int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / kLanes;  // over (B, Hkv, packed rows)
   // Every lane folds (fold_partials shuffles across the warp); lanes past the last row fold

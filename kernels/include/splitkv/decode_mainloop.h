@@ -111,7 +111,6 @@ CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCt
     cp_async_fence();
   }
   cp_async_wait<0>();
-  allow_dependent_launch();
 
   // Merge the warps with the partials' rule (params.h) through shared memory, reused once
   // every warp is done with Q and K/V: the row max, each warp's sum and O rescaled to it, the

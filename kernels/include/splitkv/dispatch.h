@@ -11,8 +11,11 @@ namespace splitkv {
 enum class DType : int { kFp16 = 0, kBf16 = 1 };
 
 // Throws std::invalid_argument when no instantiation matches, std::runtime_error on CUDA errors.
-void run_split(const SplitParams& p, DType dtype, int head_dim, int block_m, int block_kv, cudaStream_t stream);
-void run_combine(const CombineParams& p, DType dtype, int head_dim, int threads, cudaStream_t stream);
+// `programmatic`: programmatic dependent launch on sm_90+ (dependent_launch.h).
+void run_split(const SplitParams& p, DType dtype, int head_dim, int block_m, int block_kv, cudaStream_t stream,
+               bool programmatic);
+void run_combine(const CombineParams& p, DType dtype, int head_dim, int threads, cudaStream_t stream,
+                 bool programmatic);
 // Shared memory of one split-kernel CTA; -1 when that combination is not instantiated.
 int split_smem_bytes(DType dtype, int head_dim, int block_m, int block_kv);
 

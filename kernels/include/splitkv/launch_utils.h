@@ -27,4 +27,22 @@ inline int device_major() {
   return majors[device];
 }
 
+// Launches `kernel(params)`; with `programmatic` (and sm_90+), as a programmatic dependent launch
+// that may start while the previous kernel of `stream` still runs (dependent_launch.h).
+template <class Params>
+void launch_kernel(void (*kernel)(Params), const Params& params, dim3 grid, dim3 block, int smem_bytes,
+                   cudaStream_t stream, bool programmatic, const char* what) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = programmatic && device_major() >= 9 ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&config, kernel, params), what);
+}
+
 }  // namespace splitkv

@@ -7,6 +7,7 @@
 #include <cute/tensor.hpp>
 
 #include "splitkv/decode_mainloop.h"
+#include "splitkv/dependent_launch.h"
 #include "splitkv/fused_merge.h"
 #include "splitkv/kernel_traits.h"
 #include "splitkv/params.h"
@@ -26,6 +27,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) split_kv_kernel(const __gri
   cta.row0 = cta.m_block * Traits::kBlockM;
   cta.range = split_range(p, cta.split, tile_kv_end(p, cta.m_block, Traits::kBlockM), Traits::kBlockKV);
   cta.n_tiles = cta.range.y > cta.range.x ? (cta.range.y - cta.range.x + Traits::kBlockKV - 1) / Traits::kBlockKV : 0;
+  // Everything above reads only the parameters: under programmatic launch it overlaps the
+  // previous kernel's tail. Q, K, V, the workspace and the counters come after the wait.
+  wait_for_previous_grid();
+  allow_dependent_launch();
 
   if constexpr (Traits::kWarpsOwnKeys) {
     decode_mainloop<Traits>(p, smem, cta);

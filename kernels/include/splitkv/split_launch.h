@@ -7,7 +7,7 @@
 namespace splitkv {
 
 template <typename Element, int kHeadDim, int kBlockM, int kBlockKV>
-void run_split_kernel(const SplitParams& p, cudaStream_t stream) {
+void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmatic) {
   using Traits = SplitKernelTraits<kHeadDim, kBlockM, kBlockKV, Element>;
   constexpr int kSmem = Traits::kSmemBytes;
   auto kernel = &split_kv_kernel<Traits>;
@@ -23,8 +23,7 @@ void run_split_kernel(const SplitParams& p, cudaStream_t stream) {
     }
   }
   const dim3 grid(p.num_m_blocks, p.batch * p.kv_heads, p.num_splits);
-  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(p);
-  check_cuda(cudaGetLastError(), "split kernel launch");
+  launch_kernel(kernel, p, grid, dim3(Traits::kNThreads), kSmem, stream, programmatic, "split kernel launch");
 }
 
 template <typename Element, int kHeadDim, int kBlockM, int kBlockKV>

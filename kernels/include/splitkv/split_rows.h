@@ -252,11 +252,4 @@ CUTE_DEVICE void store_rows(const SplitParams& p, OTensor const& o_rc, CTensor c
   }
 }
 
-// Lets a dependent kernel (the combine kernel) launch while this grid writes its partials.
-CUTE_DEVICE void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 }  // namespace splitkv

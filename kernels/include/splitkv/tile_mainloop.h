@@ -115,7 +115,6 @@ CUTE_DEVICE void tile_mainloop(const SplitParams& p, char* smem, const SplitCta&
     cp_async_fence();
   }
 
-  allow_dependent_launch();
   exchange_rows<false, kWarpsN, kBlockM>(row_sum, exchange + Traits::kExchangeFloats / 2, tScS_rc, warp_n);
   Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));  // (ROWS, D_COLS)
