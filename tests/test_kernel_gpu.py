@@ -472,13 +472,15 @@ def test_programmatic_launch_waits_for_the_previous_kernel(ops, cuda_gen, merge,
     ws = torch.empty(ops.workspace_size(q, k, num_splits), dtype=torch.uint8, device="cuda")
 
     def chain(enable_pdl):
+        """The inputs and outputs of the four calls: x[i + 1] = attention(x[i], K, V)."""
         k_live = k.clone()
-        x = q
+        xs = [q]
         for step in range(4):
             if step == 2:
                 k_live.copy_(k_next)  # the kernel right before this call writes its K
-            x = _call(ops, x, k_live, v, c, workspace=ws, return_lse=False, enable_pdl=enable_pdl)
-        return x
+            xs.append(_call(ops, xs[-1], k_live, v, c, workspace=ws, return_lse=False,
+                            enable_pdl=enable_pdl))
+        return xs
 
     plain = chain(False)
     _call(ops, q, k, v, c, workspace=ws, return_lse=False)  # warm-up outside capture
@@ -488,12 +490,12 @@ def test_programmatic_launch_waits_for_the_previous_kernel(ops, cuda_gen, merge,
     eager = chain(True)
     graph.replay()
     torch.cuda.synchronize()
-    want = q
     for step in range(4):
-        want = attention_ref(want.double(), (k_next if step >= 2 else k).double(), v.double(),
-                             causal=False)[0].to(q.dtype)
-    assert (plain.double() - want.double()).abs().max().item() <= 2e-2
-    assert torch.equal(eager, plain) and torch.equal(captured, plain)
+        ref_out, _, pt_out = _references(plain[step], k_next if step >= 2 else k, v, False)
+        _assert_rule(plain[step + 1], ref_out, pt_out, f"plain launch, call {step}")
+    for step in range(1, 5):
+        assert torch.equal(eager[step], plain[step]), f"eager PDL call {step - 1} differs"
+        assert torch.equal(captured[step], plain[step]), f"graph PDL call {step - 1} differs"
 
 
 def test_torch_compile(ops, cuda_gen):

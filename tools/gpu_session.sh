@@ -3,9 +3,10 @@
 # Usage: [GPU=h100] tools/gpu_session.sh MODE...   (GPU defaults to h200; modes run in order)
 # test: GPU tests (~1 min); merge-ab: combine kernel vs fused merge on the small decode
 # shapes (~2 min); pdl-ab: the table's config with and without programmatic dependent launch
-# on the small decode shapes and two fixed-cost and two large ones (~1.5 min); sweep: quick grid (~3 min); evaluate: selector regret on the GPU (~2 min);
-# breakdown: kernel time per call (~1.5 min); compare: quick grid and causal prefill against
-# the peers (~6 min). The build takes ~1.5 min first.
+# on the small decode shapes, two fixed-cost and two large ones (~1.5 min); sweep: quick grid
+# (~3 min); evaluate: selector regret on the GPU (~2 min); breakdown: kernel time per call
+# (~1.5 min); compare: quick grid and causal prefill against the peers (~6 min). The build
+# takes ~1.5 min first.
 # Offline hosts: carry the wheels of gpu-wheelhouse.sh in .whl/ (installed to /tmp/site first).
 # Logs are written to a scratch folder and, after every step, packed with results/<gpu> into
 # one file, $OUT/session.tgz (default ./gpu-out): the GPU host returns only a few files per call.
