@@ -1,138 +1,317 @@
-// pybind11 module splitkv_tune._C: takes data pointers, strides and a stream as integers.
-// Validation of shapes and dtypes happens in splitkv_tune/ops.py before anything reaches here.
-#include <pybind11/pybind11.h>
+// pybind11 module splitkv_tune._C: the eager call's whole host path (checks, allocations,
+// launch) in C++, so that a call costs a few microseconds of host time. Torch headers are used
+// here only; the kernel headers under kernels/include stay torch-free and take a params struct.
+#include <torch/extension.h>
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <stdexcept>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "splitkv/dispatch.h"
 #include "splitkv/launch_utils.h"
+#include "splitkv/rules.h"
 #include "splitkv/tunables.h"
+#include "splitkv/counter_pool.h"
 
 namespace py = pybind11;
 using namespace splitkv;
 
 namespace {
 
-template <typename T>
-T get(const py::dict& d, const char* key) {
-  if (!d.contains(key)) throw py::key_error(std::string("missing launch argument '") + key + "'");
-  return d[key].cast<T>();
+constexpr int kMaxGridY = 65535;
+
+std::string shape_str(const at::Tensor& t) {
+  std::string s = "(";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + (t.dim() == 1 ? ",)" : ")");
 }
 
-template <typename T>
-T* ptr(const py::dict& d, const char* key) {
-  return reinterpret_cast<T*>(get<std::uintptr_t>(d, key));
+std::string dtype_str(const at::Tensor& t) { return "torch." + std::string(c10::toString(t.scalar_type())); }
+
+int dtype_code(at::ScalarType t) {
+  return t == at::kHalf ? int(DType::kFp16) : t == at::kBFloat16 ? int(DType::kBf16) : -1;
 }
 
-// Reads "<prefix>_batch_stride", "<prefix>_row_stride" and "<prefix>_head_stride" (elements).
-void read_strides(const py::dict& d, const std::string& prefix, int64_t& batch, int64_t& row, int64_t& head) {
-  batch = get<int64_t>(d, (prefix + "_batch_stride").c_str());
-  row = get<int64_t>(d, (prefix + "_row_stride").c_str());
-  head = get<int64_t>(d, (prefix + "_head_stride").c_str());
+const at::Tensor& tensor_arg(py::handle obj, const char* name) {
+  if (!THPVariable_Check(obj.ptr())) {
+    throw py::type_error(std::string(name) + " must be a torch.Tensor, got " +
+                         std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
+  }
+  const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+  if (dtype_code(t.scalar_type()) < 0) {
+    throw py::type_error(std::string(name) + " must be float16 or bfloat16, got " + dtype_str(t));
+  }
+  if (!t.is_cuda()) throw py::value_error(std::string(name) + " must be on a CUDA device, got " + t.device().str());
+  if (t.dim() != 4) {
+    throw py::value_error(std::string(name) + " must have 4 dimensions (batch, seq, heads, head_dim), got shape " +
+                          shape_str(t));
+  }
+  if (t.stride(3) != 1) {
+    throw py::value_error(std::string(name) + " must have a contiguous last dim (stride 1), got stride " +
+                          std::to_string(t.stride(3)));
+  }
+  return t;
 }
 
-cudaStream_t stream_of(const py::dict& d) { return reinterpret_cast<cudaStream_t>(get<std::uintptr_t>(d, "stream")); }
+// The checks of ops.problem_shape, in C++: returns (dtype code, head_dim, batch, q_heads,
+// kv_heads, q_len, kv_len, device index).
+py::tuple check_problem(py::handle q_obj, py::handle k_obj, py::handle v_obj) {
+  const at::Tensor& q = tensor_arg(q_obj, "q");
+  const at::Tensor& k = tensor_arg(k_obj, "k");
+  const at::Tensor& v = tensor_arg(v_obj, "v");
+  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) {
+    throw py::type_error("q, k and v must share one dtype, got " + dtype_str(q) + ", " + dtype_str(k) + ", " +
+                         dtype_str(v));
+  }
+  if (k.device() != q.device() || v.device() != q.device()) {
+    throw py::value_error("q, k and v must be on one device, got " + q.device().str() + ", " + k.device().str() +
+                          ", " + v.device().str());
+  }
+  if (k.sizes() != v.sizes()) {
+    throw py::value_error("k and v must have the same shape, got " + shape_str(k) + " and " + shape_str(v));
+  }
+  const int64_t batch = q.size(0), q_len = q.size(1), q_heads = q.size(2), head_dim = q.size(3);
+  const int64_t kv_len = k.size(1), kv_heads = k.size(2);
+  if (k.size(0) != batch) {
+    throw py::value_error("k batch (" + std::to_string(k.size(0)) + ") must equal q batch (" +
+                          std::to_string(batch) + ")");
+  }
+  if (k.size(3) != head_dim) {
+    throw py::value_error("k head_dim (" + std::to_string(k.size(3)) + ") must equal q head_dim (" +
+                          std::to_string(head_dim) + ")");
+  }
+  if (!is_allowed(kHeadDims, int(head_dim))) {
+    std::string allowed;
+    for (int d : kHeadDims) allowed += (allowed.empty() ? "" : ", ") + std::to_string(d);
+    throw py::value_error("head_dim must be one of (" + allowed + "), got " + std::to_string(head_dim));
+  }
+  const std::pair<const char*, int64_t> dims[] = {
+      {"batch", batch}, {"q_heads", q_heads}, {"kv_heads", kv_heads}, {"q_len", q_len}, {"kv_len", kv_len}};
+  for (const auto& [name, value] : dims) {
+    if (value < 1) throw py::value_error(std::string(name) + " must be a positive integer, got " + std::to_string(value));
+  }
+  if (q_heads % kv_heads) {
+    throw py::value_error("q_heads (" + std::to_string(q_heads) + ") must be a multiple of kv_heads (" +
+                          std::to_string(kv_heads) + ")");
+  }
+  if (batch * kv_heads > kMaxGridY) {
+    throw py::value_error("batch * kv_heads must be at most " + std::to_string(kMaxGridY) + ", got " +
+                          std::to_string(batch * kv_heads));
+  }
+  if (std::max(kv_len, q_len * (q_heads / kv_heads)) >= (int64_t(1) << 31)) {
+    throw py::value_error("kv_len and q_len * (q_heads / kv_heads) must be below 2**31");
+  }
+  return py::make_tuple(dtype_code(q.scalar_type()), head_dim, batch, q_heads, kv_heads, q_len, kv_len,
+                        q.device().index());
+}
 
-void check_smem(DType dtype, int head_dim, int block_m, int block_kv, int device) {
-  const int need = split_smem_bytes(dtype, head_dim, block_m, block_kv);
+// The tensor itself when its rows are 16-byte aligned (the kernels' vector loads), else a copy.
+at::Tensor aligned(const at::Tensor& t) {
+  bool ok = reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int64_t i = 0; i < t.dim() - 1; ++i) ok = ok && (t.stride(i) * t.element_size()) % 16 == 0;
+  return ok ? t : t.clone(at::MemoryFormat::Contiguous);
+}
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
+  return status != cudaStreamCaptureStatusNone;
+}
+
+using StreamKey = std::pair<int, cudaStream_t>;
+
+// The default workspace: one per (device, stream), since calls on one stream run in order.
+// A call under CUDA-graph capture takes its own from the graph's pool instead: a cached buffer
+// must not be baked into a graph that may replay beside later eager calls.
+at::Tensor default_workspace(const at::Tensor& q, int64_t nbytes, cudaStream_t stream, bool captured) {
+  const auto options = at::TensorOptions().dtype(at::kByte).device(q.device());
+  if (captured) return at::empty({std::max<int64_t>(nbytes, 1)}, options);
+  static std::mutex mutex;
+  static auto* cache = new std::map<StreamKey, at::Tensor>();  // never destroyed: outlives CUDA at exit
+  std::lock_guard<std::mutex> lock(mutex);
+  at::Tensor& ws = (*cache)[{int(q.device().index()), stream}];
+  if (!ws.defined() || ws.numel() < nbytes) ws = at::empty({std::max<int64_t>(nbytes, 1)}, options);
+  return ws;
+}
+
+at::Tensor checked_workspace(py::handle obj, const at::Tensor& q, int64_t nbytes) {
+  if (!THPVariable_Check(obj.ptr()) || THPVariable_Unpack(obj.ptr()).scalar_type() != at::kByte) {
+    throw py::type_error("workspace must be a torch.uint8 tensor");
+  }
+  const at::Tensor& ws = THPVariable_Unpack(obj.ptr());
+  if (ws.device() != q.device() || !ws.is_contiguous()) {
+    throw py::value_error("workspace must be a contiguous tensor on " + q.device().str());
+  }
+  if (ws.numel() < nbytes) {
+    throw py::value_error("workspace must hold at least " + std::to_string(nbytes) + " bytes, got " +
+                          std::to_string(ws.numel()));
+  }
+  if (reinterpret_cast<std::uintptr_t>(ws.data_ptr()) % kWorkspaceAlign) {
+    throw py::value_error("workspace must be " + std::to_string(kWorkspaceAlign) + "-byte aligned");
+  }
+  return ws;
+}
+
+// The fused merge's counters (rules.h), from the counter pool, which never runs a kernel on the
+// caller's stream. An eager call uses one buffer per (device, stream), which every launch leaves
+// zero; calls under capture use the counters of the graph being captured, so a graph never
+// shares them with eager calls or with other graphs replayed beside it.
+int* tile_counters(int device, cudaStream_t stream, int64_t count, bool captured) {
+  if (captured) return graph_counters(device, stream, count);
+  static std::mutex mutex;
+  static auto* cache = new std::map<StreamKey, std::pair<int*, int64_t>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& [counters, capacity] = (*cache)[{device, stream}];
+  if (capacity < count) counters = counter_pool(device).take(count, &capacity);
+  return counters;
+}
+
+int smem_limit(int device) {
   static int limits[kMaxDevices] = {};
   int limit = device >= 0 && device < kMaxDevices ? limits[device] : 0;
   if (limit == 0) {
-    if (cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
-      throw std::runtime_error("cannot read the shared-memory limit of the device");
-    }
+    check_cuda(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+               "shared-memory limit of the device");
     if (device >= 0 && device < kMaxDevices) limits[device] = limit;
   }
-  if (need > limit) {
-    throw py::value_error("block_kv=" + std::to_string(block_kv) + " with head_dim=" + std::to_string(head_dim) +
-                          " and a " + std::to_string(block_m) + "-row query tile needs " + std::to_string(need) +
-                          " bytes of shared memory; this device allows " + std::to_string(limit));
-  }
+  return limit;
 }
 
-void split_forward(const py::dict& d) {
+void set_strides(const at::Tensor& t, int64_t& batch, int64_t& row, int64_t& head) {
+  batch = t.stride(0);
+  row = t.stride(1);
+  head = t.stride(2);
+}
+
+// Launches the split kernel (and the combine kernel when it merges) on torch's current stream
+// of q's device. q, k, v passed check_problem and the tunables were validated by ops.py; the
+// workspace (None: the default one) is checked here. Returns (out, lse); lse is empty unless
+// return_lse.
+py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::handle workspace_obj, bool causal,
+                  double softmax_scale, int num_splits, int block_kv, int reduce_threads, int split_policy,
+                  bool return_lse, bool fused_merge, bool programmatic) {
+  const at::Tensor q = aligned(THPVariable_Unpack(q_obj.ptr()));
+  const at::Tensor k = aligned(THPVariable_Unpack(k_obj.ptr()));
+  const at::Tensor v = aligned(THPVariable_Unpack(v_obj.ptr()));
+  const int device = q.device().index();
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+
   SplitParams p{};
-  p.q = ptr<const void>(d, "q");
-  p.k = ptr<const void>(d, "k");
-  p.v = ptr<const void>(d, "v");
-  p.out = ptr<void>(d, "out");
-  p.lse = ptr<float>(d, "lse");
-  p.ws_o = ptr<float>(d, "ws_o");
-  p.ws_m = ptr<float>(d, "ws_m");
-  p.ws_l = ptr<float>(d, "ws_l");
-  p.tile_counters = ptr<int>(d, "tile_counters");
-  read_strides(d, "q", p.q_batch_stride, p.q_row_stride, p.q_head_stride);
-  read_strides(d, "k", p.k_batch_stride, p.k_row_stride, p.k_head_stride);
-  read_strides(d, "v", p.v_batch_stride, p.v_row_stride, p.v_head_stride);
-  read_strides(d, "o", p.o_batch_stride, p.o_row_stride, p.o_head_stride);
-  p.batch = get<int>(d, "batch");
-  p.q_heads = get<int>(d, "q_heads");
-  p.kv_heads = get<int>(d, "kv_heads");
+  p.batch = int(q.size(0));
+  p.q_len = int(q.size(1));
+  p.q_heads = int(q.size(2));
+  const int head_dim = int(q.size(3));
+  p.kv_len = int(k.size(1));
+  p.kv_heads = int(k.size(2));
   p.group = p.q_heads / p.kv_heads;
-  p.q_len = get<int>(d, "q_len");
-  p.kv_len = get<int>(d, "kv_len");
   p.packed_rows = p.q_len * p.group;
-  p.num_splits = get<int>(d, "num_splits");
-  const int block_m = get<int>(d, "block_m");
-  p.num_m_blocks = (p.packed_rows + block_m - 1) / block_m;
-  p.softmax_scale = get<float>(d, "softmax_scale");
-  p.scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  p.causal = get<bool>(d, "causal");
-  p.split_policy = static_cast<SplitPolicy>(get<int>(d, "split_policy"));
-  const auto dtype = static_cast<DType>(get<int>(d, "dtype"));
-  const int head_dim = get<int>(d, "head_dim");
-  const int block_kv = get<int>(d, "block_kv");
-  check_smem(dtype, head_dim, block_m, block_kv, get<int>(d, "device"));
-  run_split(p, dtype, head_dim, block_m, block_kv, stream_of(d), get<bool>(d, "pdl"));
+  p.num_splits = num_splits;
+  const int block_m = rules::block_m_for(p.packed_rows);
+  p.num_m_blocks = rules::num_m_blocks(p.packed_rows);
+  p.softmax_scale = float(softmax_scale);
+  p.scale_log2 = float(softmax_scale * 1.4426950408889634);
+  p.causal = causal;
+  p.split_policy = static_cast<SplitPolicy>(split_policy);
+  const auto dtype = static_cast<DType>(dtype_code(q.scalar_type()));
+  const int smem = rules::smem_bytes(int(q.element_size()), head_dim, block_m, block_kv);
+  if (smem > smem_limit(device)) {
+    throw py::value_error("block_kv=" + std::to_string(block_kv) + " with head_dim=" + std::to_string(head_dim) +
+                          " and a " + std::to_string(block_m) + "-row query tile needs " + std::to_string(smem) +
+                          " bytes of shared memory; this device allows " + std::to_string(smem_limit(device)));
+  }
+
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  const std::vector<int64_t> lse_shape =
+      return_lse ? std::vector<int64_t>{q.size(0), q.size(2), q.size(1)} : std::vector<int64_t>{0};
+  at::Tensor lse = at::empty(lse_shape, q.options().dtype(at::kFloat));
+  const rules::WorkspaceSections sections =
+      rules::workspace_sections(num_splits, p.batch, p.q_heads, p.q_len, head_dim);
+  const bool captured = capturing(stream);
+  const at::Tensor workspace = workspace_obj.is_none() ? default_workspace(q, sections.total, stream, captured)
+                                                       : checked_workspace(workspace_obj, q, sections.total);
+  char* base = static_cast<char*>(workspace.data_ptr());
+
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.out = out.data_ptr();
+  p.lse = return_lse ? lse.data_ptr<float>() : nullptr;
+  p.ws_o = reinterpret_cast<float*>(base);
+  p.ws_m = reinterpret_cast<float*>(base + sections.m_offset);
+  p.ws_l = reinterpret_cast<float*>(base + sections.l_offset);
+  p.tile_counters = fused_merge && num_splits > 1
+                        ? tile_counters(device, stream, rules::tile_counter_count(p.batch, p.kv_heads, p.packed_rows),
+                                        captured)
+                        : nullptr;
+  set_strides(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  set_strides(k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  set_strides(v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  set_strides(out, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+  run_split(p, dtype, head_dim, block_m, block_kv, stream, programmatic);
+
+  if (num_splits > 1 && !fused_merge) {
+    CombineParams c{};
+    c.ws_o = p.ws_o;
+    c.ws_m = p.ws_m;
+    c.ws_l = p.ws_l;
+    c.out = p.out;
+    c.lse = p.lse;
+    c.o_batch_stride = p.o_batch_stride;
+    c.o_row_stride = p.o_row_stride;
+    c.o_head_stride = p.o_head_stride;
+    c.batch = p.batch;
+    c.kv_heads = p.kv_heads;
+    c.group = p.group;
+    c.q_len = p.q_len;
+    c.packed_rows = p.packed_rows;
+    c.num_splits = num_splits;
+    c.total_rows = int64_t(p.batch) * p.kv_heads * p.packed_rows;
+    run_combine(c, dtype, head_dim, reduce_threads, stream, programmatic);
+  }
+  return py::make_tuple(out, lse);
 }
 
-void combine_forward(const py::dict& d) {
-  CombineParams p{};
-  p.ws_o = ptr<const float>(d, "ws_o");
-  p.ws_m = ptr<const float>(d, "ws_m");
-  p.ws_l = ptr<const float>(d, "ws_l");
-  p.out = ptr<void>(d, "out");
-  p.lse = ptr<float>(d, "lse");
-  read_strides(d, "o", p.o_batch_stride, p.o_row_stride, p.o_head_stride);
-  p.batch = get<int>(d, "batch");
-  p.kv_heads = get<int>(d, "kv_heads");
-  p.group = get<int>(d, "group");
-  p.q_len = get<int>(d, "q_len");
-  p.packed_rows = p.q_len * p.group;
-  p.num_splits = get<int>(d, "num_splits");
-  p.total_rows = int64_t(p.batch) * p.kv_heads * p.packed_rows;
-  run_combine(p, static_cast<DType>(get<int>(d, "dtype")), get<int>(d, "head_dim"), get<int>(d, "reduce_threads"),
-              stream_of(d), get<bool>(d, "pdl"));
-}
-
-py::dict compiled_tunables() {
-  py::dict d;
-  auto as_tuple = [](const auto& values) {
-    py::list l;
-    for (int v : values) l.append(v);
-    return py::tuple(l);
-  };
-  d["head_dims"] = as_tuple(kHeadDims);
-  d["block_kv"] = as_tuple(kBlockKVs);
-  d["block_m"] = as_tuple(kBlockMs);
-  d["reduce_threads"] = as_tuple(kReduceThreads);
-  d["max_splits"] = kMaxSplits;
-  d["kv_stages"] = kKVStages;
-  d["num_warps"] = kNumWarps;
-  d["workspace_align"] = kWorkspaceAlign;
-  return d;
+// The combine kernel alone on fp32 partials O [S, B, Hkv, Sq*G, D], m and l [S, B, Hkv, Sq*G]
+// (contiguous, checked by ops.combine_partials) into out (B, Sq, Hkv*G, D) and lse (B, Hkv*G, Sq).
+void combine(const at::Tensor& o_part, const at::Tensor& m, const at::Tensor& l, const at::Tensor& out,
+             const at::Tensor& lse, int q_len, int group, int reduce_threads) {
+  const c10::cuda::CUDAGuard guard(o_part.device());
+  CombineParams c{};
+  c.ws_o = o_part.data_ptr<float>();
+  c.ws_m = m.data_ptr<float>();
+  c.ws_l = l.data_ptr<float>();
+  c.out = out.data_ptr();
+  c.lse = lse.data_ptr<float>();
+  c.o_batch_stride = out.stride(0);
+  c.o_row_stride = out.stride(1);
+  c.o_head_stride = out.stride(2);
+  c.num_splits = int(o_part.size(0));
+  c.batch = int(o_part.size(1));
+  c.kv_heads = int(o_part.size(2));
+  c.group = group;
+  c.q_len = q_len;
+  c.packed_rows = q_len * group;
+  c.total_rows = int64_t(c.batch) * c.kv_heads * c.packed_rows;
+  run_combine(c, static_cast<DType>(dtype_code(out.scalar_type())), int(o_part.size(4)), reduce_threads,
+              c10::cuda::getCurrentCUDAStream(o_part.device().index()).stream(), false);
 }
 
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "split-KV FlashAttention forward kernels (CUTLASS/CuTe)";
-  m.def("split_forward", &split_forward, "Launch the split kernel; arguments as a dict of integers");
-  m.def("combine_forward", &combine_forward, "Launch the combine kernel; arguments as a dict of integers");
+  m.def("check_problem", &check_problem, "Check q, k, v as ops.problem_shape does; returns their dims");
+  m.def("forward", &forward, "Launch the split kernel (and the combine kernel) for checked inputs");
+  m.def("combine", &combine, "Launch the combine kernel alone on fp32 partials");
   m.def("split_smem_bytes", [](int dtype, int head_dim, int block_m, int block_kv) {
     return split_smem_bytes(static_cast<DType>(dtype), head_dim, block_m, block_kv);
   });
-  m.def("compiled_tunables", &compiled_tunables, "The tunables this module was generated from");
 }

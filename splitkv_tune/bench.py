@@ -34,6 +34,8 @@ ABS_TOLERANCE = {"fp16": 1e-3, "bf16": 4e-3}
 MAX_INPUT_SETS = 1024
 MIN_LAUNCHES_PER_GRAPH = 16
 MAX_REPS = 2000
+# Workspace of our kernel's timed calls: none passed (the default call) or one preallocated.
+WORKSPACES = ("default", "preallocated")
 FAILURE_EXCEPTIONS = (ValueError, TypeError, RuntimeError, AssertionError)
 
 
@@ -270,11 +272,14 @@ class ShapeBench:
     def __init__(self, shape: Shape, *, backend: str = "cuda", device=None,
                  warmup_s: float = 0.05, min_reps: int = 20, max_time_s: float = 0.2,
                  check: bool = True, seed: int = 0, num_sms: int = 132, merge: str = "auto",
-                 pdl: bool = True):
+                 pdl: bool = True, workspace: str = "default"):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.merge = tunables.check_merge(merge)
         self.pdl = pdl
+        if workspace not in WORKSPACES:
+            raise ValueError(f"workspace must be one of {WORKSPACES}, got {workspace!r}")
+        self.workspace = workspace
         self.shape = shape.validate()
         self.backend = backend
         self.device = torch.device(device) if device is not None else default_device(backend)
@@ -296,14 +301,19 @@ class ShapeBench:
         return ops.resolve_config(self.shape, index, config.num_splits, config.block_kv,
                                   config.reduce_threads, config.split_policy)
 
-    def with_launch(self, *, merge: str | None = None, pdl: bool | None = None) -> "ShapeBench":
-        """This bench (same inputs, reference and workspace) launching with another ``merge``
-        or programmatic-launch setting (``pdl``, the kernel's ``enable_pdl``)."""
+    def with_launch(self, *, merge: str | None = None, pdl: bool | None = None,
+                    workspace: str | None = None) -> "ShapeBench":
+        """This bench (same inputs, reference and workspace) launching with another ``merge``,
+        programmatic-launch setting (``pdl``, the kernel's ``enable_pdl``) or ``workspace``."""
         other = copy.copy(self)
         if merge is not None:
             other.merge = tunables.check_merge(merge)
         if pdl is not None:
             other.pdl = pdl
+        if workspace is not None:
+            if workspace not in WORKSPACES:
+                raise ValueError(f"workspace must be one of {WORKSPACES}, got {workspace!r}")
+            other.workspace = workspace
         return other
 
     def resolve_merge(self, config: Config) -> str:
@@ -317,10 +327,10 @@ class ShapeBench:
     def launchers(self, config: Config) -> list[Callable[[], torch.Tensor]]:
         """One zero-argument callable per input set, each running ``config`` on its set.
 
-        ``config`` is resolved once. The kernel's launches share one workspace, sized for the
-        split count the launch resolves to ("auto" included), as a server preallocates it: a
-        workspace first seen during graph capture would get its fused-merge counters zeroed
-        inside the graph, and every replay would time that fill too.
+        ``config`` is resolved once. With ``workspace="default"`` the calls pass no workspace,
+        as a user's default call does (the extension's cached one eagerly, the graph pool's
+        under capture); with ``"preallocated"`` they share one buffer, sized for the split
+        count the launch resolves to ("auto" included), as a server may preallocate it.
         """
         shape, c = self.shape, self.resolve(config)
         if self.backend == "reference":
@@ -330,7 +340,8 @@ class ShapeBench:
                                       block_kv=c.block_kv, split_policy=c.split_policy)
                     for q, k, v in self.inputs]
         from splitkv_tune import ops
-        workspace = self._workspace(tunables.workspace_bytes(shape, c.num_splits))
+        workspace = (self._workspace(tunables.workspace_bytes(shape, c.num_splits))
+                     if self.workspace == "preallocated" else None)
         return [functools.partial(ops.splitkv_attention, q, k, v, causal=shape.causal,
                                   softmax_scale=self.scale, num_splits=c.num_splits,
                                   block_kv=c.block_kv, reduce_threads=c.reduce_threads,
@@ -385,6 +396,18 @@ class ShapeBench:
         ``(B, Sq, Hq, D)`` layout (or a tuple starting with it).
         """
         return self._measure(lambda: [make_fn(*qkv) for qkv in self.inputs])
+
+    def measure_eager(self, config: Config) -> tuple[Timing, Timing]:
+        """``(host, eager)`` timings of ``config`` (``eager_timing``); run ``measure`` first to
+        check its output."""
+        from splitkv_tune import eager_timing
+        return eager_timing.time_eager(self.launchers(config), self.device, **self.timing_kwargs)
+
+    def measure_launcher_eager(self, make_fn: Callable[..., Callable[[], object]]) -> tuple[Timing, Timing]:
+        """``(host, eager)`` timings of ``make_fn(q, k, v)`` over the rotating input sets."""
+        from splitkv_tune import eager_timing
+        return eager_timing.time_eager([make_fn(*qkv) for qkv in self.inputs], self.device,
+                                       **self.timing_kwargs)
 
     def _measure(self, build: Callable[[], list[Callable[[], object]]]) -> Timing:
         """Check the first of the callables ``build()`` returns (one per input set), then time

@@ -355,7 +355,7 @@ inline bool select_config(int dtype, int head_dim, std::int64_t batch, std::int6
 """
 
 
-def _block_m_cpp(limit: int = 2**40) -> str:
+def _block_m_cpp(limit: int = 2**31 - 1) -> str:
     """C++ body of ``tunables.block_m_for`` (a step function of the packed rows), derived by
     searching its breakpoints so the header follows any change to the Python rule."""
     parts, lo = [], 1
@@ -400,7 +400,7 @@ def render_cpp_header(table: HeuristicTable, model: CostModel = MODEL) -> str:
                    log2_q16(cfg.num_splits * w)]
         rows.append("  {" + ", ".join(str(int(v)) for v in vals) + f", {conf}, "
                     + ", ".join(str(int(v)) for v in derived) + f"}},  // #{idx + 1}")
-    warps = " ".join(f"if (bm == {bm}) return {wn};" for bm, (_, wn) in tunables.BLOCK_M.items())
+    warps = " ".join(f"if (bm == {bm}) return {tunables.warp_layout(bm)[1]};" for bm in tunables.BLOCK_M)
     subs = {
         "VERSION": _safe(__version__), "GPU": gpu, "SCHEMA": str(SCHEMA_VERSION),
         "RUNS": " ".join(_safe(r) for r in table.run_ids), "K": "4",

@@ -1,7 +1,11 @@
 """``splitkv_attention``: validation, workspace, dispatch and ``torch.library`` registration.
 
-Everything is checked here before a pointer reaches the kernels; bad input raises
-``ValueError`` or ``TypeError`` naming the argument and what was expected.
+Everything is checked before a pointer reaches the kernels; bad input raises ``ValueError``
+or ``TypeError`` naming the argument and what was expected. An eager call's tensor checks,
+allocations and launch run in C++ (``_C.check_problem`` and ``_C.forward``); the tunables are
+checked and resolved here once per distinct call signature (``_Plan``), so that the host path
+costs a few microseconds. Traced calls (``torch.compile``) are checked by ``problem_shape``
+and lower to the registered op.
 """
 from __future__ import annotations
 
@@ -10,18 +14,14 @@ import math
 import operator
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from splitkv_tune import tunables
 from splitkv_tune.tunables import Config, Shape
 
-_DTYPES = {torch.float16: ("fp16", 0), torch.bfloat16: ("bf16", 1)}
-_POLICY_CODES = {"length": 0, "blocks": 1}
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_DTYPE_NAMES = {code: name for name, code in tunables.dtype_codes().items()}
 _MAX_GRID_Y = 65535
-_workspaces: dict[tuple[int, int], torch.Tensor] = {}
-# The fused merge's tile counters, one zeroed buffer per workspace tensor: launches that share
-# a workspace are already ordered with each other, so they may share its counters too.
-_counters = WeakIdKeyDictionary()
+_TUNABLES = ("num_splits", "block_kv", "reduce_threads", "split_policy")
 
 
 @functools.lru_cache(maxsize=1)
@@ -30,8 +30,9 @@ def _extension():
         from splitkv_tune import _C
     except ImportError as err:
         raise RuntimeError(
-            "the CUDA extension splitkv_tune._C is not built (installed with SPLITKV_BUILD_CUDA=0 "
-            "or without nvcc). Rebuild on a machine with nvcc: `pip install -e .`") from err
+            "the CUDA extension splitkv_tune._C is not built (it is built when a GPU is visible "
+            "at install time, or with SPLITKV_BUILD_CUDA=1). Rebuild on a machine with nvcc: "
+            "`pip install -e .`") from err
     return _C
 
 
@@ -51,15 +52,6 @@ def _check_tensor(name: str, t, rank: int) -> None:
     if t.dim() != rank:
         raise ValueError(f"{name} must have {rank} dimensions (batch, seq, heads, head_dim), "
                          f"got shape {tuple(t.shape)}")
-
-
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """The tensor itself when its rows are 16-byte aligned (the kernels' vector loads), else a copy.
-
-    ``clone`` rather than ``contiguous``: a contiguous view at an odd offset must be copied too.
-    """
-    ok = t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
-    return t if ok else t.clone(memory_format=torch.contiguous_format)
 
 
 def problem_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> Shape:
@@ -84,7 +76,7 @@ def problem_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         raise ValueError(f"batch * kv_heads must be at most {_MAX_GRID_Y}, got {batch * k.shape[2]}")
     if max(k.shape[1], q_len * (q_heads // max(1, k.shape[2]))) >= 2**31:
         raise ValueError("kv_len and q_len * (q_heads / kv_heads) must be below 2**31")
-    dtype = _DTYPES[q.dtype][0]
+    dtype = _DTYPES[q.dtype]
     return Shape(dtype, head_dim, batch, q_heads, int(k.shape[2]), q_len, int(k.shape[1]),
                  bool(causal)).validate()
 
@@ -179,78 +171,85 @@ def _check_workspace(q: torch.Tensor, workspace) -> None:
         raise ValueError(f"workspace must be a contiguous tensor on {q.device}")
 
 
-def _workspace_for(q: torch.Tensor, nbytes: int, workspace) -> torch.Tensor:
-    if workspace is not None:
-        if workspace.numel() < nbytes:
-            raise ValueError(f"workspace must hold at least {nbytes} bytes, got {workspace.numel()}")
-        if workspace.data_ptr() % tunables.WORKSPACE_ALIGN:
-            raise ValueError(f"workspace must be {tunables.WORKSPACE_ALIGN}-byte aligned")
-        return workspace
-    if torch.cuda.is_current_stream_capturing():
-        # Memory taken during capture belongs to the graph's pool: never cache it.
-        return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)
-    # One buffer per (device, stream): calls on one stream run in order, so reuse is safe there;
-    # the allocator keeps a replaced buffer alive until that stream's queued work has used it.
-    key = (q.device.index, torch.cuda.current_stream(q.device).stream_id)
-    cached = _workspaces.get(key)
-    if cached is None or cached.numel() < nbytes:
-        cached = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)
-        _workspaces[key] = cached
-    return cached
+def _check_scalars(softmax_scale, merge: str, enable_pdl, head_dim: int) -> float:
+    """The softmax scale to use; ``ValueError``/``TypeError`` for a bad scale, merge or PDL flag."""
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    if (not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool)
+            or not math.isfinite(softmax_scale)):
+        raise ValueError(f"softmax_scale must be a finite number, got {softmax_scale!r}")
+    tunables.check_merge(merge)
+    if not isinstance(enable_pdl, bool):
+        raise TypeError(f"enable_pdl must be True or False, got {enable_pdl!r}")
+    return float(softmax_scale)
 
 
-def _tile_counters(workspace: torch.Tensor, count: int) -> torch.Tensor:
-    """The fused merge's int32 counters for ``workspace``, one per query tile: zeroed when
-    allocated here, and every launch leaves them zero. A workspace first seen during CUDA-graph
-    capture gets counters from the graph's pool, zeroed inside the graph."""
-    counters = _counters.get(workspace)
-    if counters is None or counters.numel() < count:
-        counters = torch.zeros(max(count, 1024), dtype=torch.int32, device=workspace.device)
-        _counters[workspace] = counters
-    return counters
+class _Plan:
+    """What one call signature (everything but the tensors' data and the KV length) launches
+    with: the checked scalars, and the tunables per KV length (fixed when none is ``"auto"``)."""
+
+    __slots__ = ("shape", "device", "scale", "merge", "given", "fixed", "by_kv_len")
+    _MAX_KV_LENS = 4096  # distinct KV lengths remembered per signature (a decode loop grows it)
+
+    def __init__(self, shape: Shape, device: int, softmax_scale, merge, enable_pdl, given: dict):
+        self.shape, self.device, self.merge, self.given = shape, device, merge, given
+        self.scale = _check_scalars(softmax_scale, merge, enable_pdl, shape.head_dim)
+        self.by_kv_len: dict[int, tuple] = {}
+        self.fixed = None
+        if not any(_is_auto(v) for v in given.values()):
+            self.fixed = self._resolve(shape)
+
+    def _resolve(self, shape: Shape) -> tuple:
+        config = resolve_config(shape, self.device, **self.given)
+        fused = resolve_merge(shape, config, self.merge) == "fused"
+        return (config.num_splits, config.block_kv, config.reduce_threads,
+                tunables.policy_codes()[config.split_policy], fused)
+
+    def launch_args(self, kv_len: int) -> tuple:
+        """``(num_splits, block_kv, reduce_threads, split_policy code, fused merge)``."""
+        if self.fixed is not None:
+            return self.fixed
+        args = self.by_kv_len.get(kv_len)
+        if args is None:
+            if len(self.by_kv_len) >= self._MAX_KV_LENS:
+                self.by_kv_len.clear()
+            s = self.shape
+            shape = Shape(s.dtype, s.head_dim, s.batch, s.q_heads, s.kv_heads, s.q_len, kv_len, s.causal)
+            args = self.by_kv_len[kv_len] = self._resolve(shape)
+        return args
 
 
-def _strides(prefix: str, t: torch.Tensor) -> dict:
-    return {f"{prefix}_batch_stride": t.stride(0), f"{prefix}_row_stride": t.stride(1),
-            f"{prefix}_head_stride": t.stride(2)}
+# Plans by call signature; bounded like the per-signature KV lengths.
+_plans: dict[tuple, _Plan] = {}
+_MAX_PLANS = 1024
+
+
+def _plan_for(dims: tuple, causal, softmax_scale, num_splits, block_kv, reduce_threads, split_policy,
+              merge, enable_pdl) -> _Plan:
+    code, head_dim, batch, q_heads, kv_heads, q_len, kv_len, device = dims
+    key = (code, head_dim, batch, q_heads, kv_heads, q_len, device, causal, softmax_scale,
+           num_splits, block_kv, reduce_threads, split_policy, merge, enable_pdl)
+    try:
+        plan = _plans.get(key)
+    except TypeError:  # an unhashable argument: the checks below name it
+        plan, key = None, None
+    if plan is None:
+        shape = Shape(_DTYPE_NAMES[code], head_dim, batch, q_heads, kv_heads, q_len, kv_len, bool(causal))
+        given = dict(zip(_TUNABLES, (num_splits, block_kv, reduce_threads, split_policy)))
+        plan = _Plan(shape, device, softmax_scale, merge, enable_pdl, given)
+        if key is not None:
+            if len(_plans) >= _MAX_PLANS:
+                _plans.clear()
+            _plans[key] = plan
+    return plan
 
 
 def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  workspace: torch.Tensor | None, causal: bool, softmax_scale: float, num_splits: int, block_kv: int,
-                  reduce_threads: int, split_policy: int, return_lse: bool, fused_merge: bool,
-                  pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    ext = _extension()
-    q, k, v = _aligned(q), _aligned(k), _aligned(v)
-    batch, q_len, q_heads, head_dim = q.shape
-    kv_heads = k.shape[2]
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((batch, q_heads, q_len) if return_lse else (0,), dtype=torch.float32,
-                      device=q.device)
-    shape = Shape(_DTYPES[q.dtype][0], head_dim, batch, q_heads, kv_heads, q_len, k.shape[1], causal)
-    m_off, l_off, nbytes = tunables.workspace_sections(shape, num_splits)
-    workspace = _workspace_for(q, nbytes, workspace)
-    base = workspace.data_ptr()
-    counters = 0
-    if fused_merge and num_splits > 1:
-        counters = _tile_counters(workspace, batch * kv_heads * tunables.num_m_blocks(shape)).data_ptr()
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    common = {"out": out.data_ptr(), "lse": lse.data_ptr() if return_lse else 0,
-              "ws_o": base, "ws_m": base + m_off, "ws_l": base + l_off, "tile_counters": counters,
-              "batch": batch, "q_len": q_len, "kv_heads": kv_heads,
-              "dtype": _DTYPES[q.dtype][1], "head_dim": head_dim, "stream": stream, "pdl": pdl,
-              **_strides("o", out)}
-    with torch.cuda.device(q.device):
-        ext.split_forward({**common, **_strides("q", q), **_strides("k", k), **_strides("v", v),
-                           "q": q.data_ptr(), "k": k.data_ptr(), "v": v.data_ptr(),
-                           "q_heads": q_heads, "kv_len": k.shape[1], "num_splits": num_splits,
-                           "block_m": tunables.block_m_for(shape.packed_rows),
-                           "block_kv": block_kv, "softmax_scale": softmax_scale,
-                           "causal": causal, "split_policy": split_policy,
-                           "device": q.device.index})
-        if num_splits > 1 and not fused_merge:
-            ext.combine_forward({**common, "group": q_heads // kv_heads, "num_splits": num_splits,
-                                 "reduce_threads": reduce_threads})
-    return out, lse
+                    workspace: torch.Tensor | None, causal: bool, softmax_scale: float, num_splits: int,
+                    block_kv: int, reduce_threads: int, split_policy: int, return_lse: bool,
+                    fused_merge: bool, pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return tuple(_extension().forward(q, k, v, workspace, causal, softmax_scale, num_splits, block_kv,
+                                      reduce_threads, split_policy, return_lse, fused_merge, pdl))
 
 
 # Registered for torch.compile; eager calls skip the dispatcher's per-call cost.
@@ -267,6 +266,19 @@ def _(q, k, v, workspace, causal, softmax_scale, num_splits, block_kv, reduce_th
             q.new_empty(lse_shape, dtype=torch.float32))
 
 
+def _traced_call(q, k, v, causal, softmax_scale, tunables_given: dict, merge, workspace, return_lse,
+                 enable_pdl):
+    """The call under ``torch.compile``: checked in Python at trace time, one registered op."""
+    shape = problem_shape(q, k, v, causal)
+    scale = _check_scalars(softmax_scale, merge, enable_pdl, shape.head_dim)
+    config = resolve_config(shape, q.device.index, **tunables_given)
+    fused_merge = resolve_merge(shape, config, merge) == "fused"
+    _check_workspace(q, workspace)
+    return _attention_op(q, k, v, workspace, bool(causal), scale, config.num_splits, config.block_kv,
+                         config.reduce_threads, tunables.policy_codes()[config.split_policy],
+                         bool(return_lse), fused_merge, enable_pdl)
+
+
 def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="auto",
                       block_kv="auto", reduce_threads="auto", split_policy="auto",
                       merge="auto", workspace=None, return_lse=False, enable_pdl=True,
@@ -281,28 +293,27 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
     analytic fallback). ``merge``: ``"auto"``, ``"fused"`` (the last split CTA of each query
     tile merges it) or ``"kernel"`` (the combine kernel); see ``resolve_merge``. ``workspace``:
     optional uint8 tensor of at least ``workspace_size(q, k, num_splits)`` bytes, 128-byte
-    aligned; otherwise a per-device buffer is cached (preallocate one before CUDA-graph capture).
-    ``enable_pdl``: launch the kernels with programmatic dependent launch (sm_90 and newer;
-    ignored on older GPUs), so that the launch and the index arithmetic overlap the previous
-    kernel of the stream; every memory access still waits until that kernel has finished.
+    aligned; otherwise one buffer per device and stream is cached, and a call under CUDA-graph
+    capture takes its own from the graph's memory pool. ``enable_pdl``: launch the kernels with
+    programmatic dependent launch (sm_90 and newer; ignored on older GPUs), so that the launch
+    and the index arithmetic overlap the previous kernel of the stream; every memory access
+    still waits until that kernel has finished.
     """
     if cache_seqlens is not None or block_table is not None:
         raise ValueError("cache_seqlens and block_table (paged / variable-length KV) are not "
                          "supported by this release; pass None")
-    shape = problem_shape(q, k, v, causal)
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(shape.head_dim)
-    if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale):
-        raise ValueError(f"softmax_scale must be a finite number, got {softmax_scale!r}")
-    config = resolve_config(shape, q.device.index, num_splits, block_kv, reduce_threads, split_policy)
-    fused_merge = resolve_merge(shape, config, merge) == "fused"
-    _check_workspace(q, workspace)
-    if not isinstance(enable_pdl, bool):
-        raise TypeError(f"enable_pdl must be True or False, got {enable_pdl!r}")
-    op = _attention_op if torch.compiler.is_compiling() else _attention_impl
-    out, lse = op(q, k, v, workspace, bool(causal), float(softmax_scale), config.num_splits,
-                  config.block_kv, config.reduce_threads, _POLICY_CODES[config.split_policy],
-                  bool(return_lse), fused_merge, enable_pdl)
+    if torch.compiler.is_compiling():
+        given = dict(zip(_TUNABLES, (num_splits, block_kv, reduce_threads, split_policy)))
+        out, lse = _traced_call(q, k, v, causal, softmax_scale, given, merge, workspace, return_lse,
+                                enable_pdl)
+        return (out, lse) if return_lse else out
+    ext = _extension()
+    dims = ext.check_problem(q, k, v)
+    plan = _plan_for(dims, causal, softmax_scale, num_splits, block_kv, reduce_threads,
+                     split_policy, merge, enable_pdl)
+    splits, bkv, threads, policy, fused = plan.launch_args(dims[6])
+    out, lse = ext.forward(q, k, v, workspace, plan.shape.causal, plan.scale, splits, bkv, threads,
+                           policy, bool(return_lse), fused, enable_pdl)
     return (out, lse) if return_lse else out
 
 
@@ -329,12 +340,5 @@ def combine_partials(o_part: torch.Tensor, m: torch.Tensor, l: torch.Tensor, *, 
                     if not t.is_contiguous() or t.data_ptr() % 16 else t for t in (o_part, m, l))
     out = torch.empty(batch, q_len, kv_heads * group, head_dim, dtype=out_dtype, device=o_part.device)
     lse = torch.empty(batch, kv_heads * group, q_len, dtype=torch.float32, device=o_part.device)
-    with torch.cuda.device(o_part.device):
-        _extension().combine_forward({
-            "ws_o": o_part.data_ptr(), "ws_m": m.data_ptr(), "ws_l": l.data_ptr(),
-            "out": out.data_ptr(), "lse": lse.data_ptr(), **_strides("o", out),
-            "batch": batch, "kv_heads": kv_heads, "group": group, "q_len": q_len,
-            "num_splits": splits, "dtype": _DTYPES[out_dtype][1], "head_dim": head_dim,
-            "reduce_threads": reduce_threads, "pdl": False,
-            "stream": torch.cuda.current_stream(o_part.device).cuda_stream})
+    _extension().combine(o_part, m, l, out, lse, q_len, group, reduce_threads)
     return out, lse

@@ -22,16 +22,27 @@ Numeric contract of the partials (also written in ``kernels/include/splitkv/para
 * Workspace layout (fp32, each section 128-byte aligned):
   ``O[S, B, Hkv, Sq*G, D]``, then ``m[S, B, Hkv, Sq*G]``, then ``l[S, B, Hkv, Sq*G]``.
   With ``S == 1`` the split kernel writes the final output and no workspace is used.
-* Fused merge: each split CTA adds 1 to its query tile's counter once its partial is in the
-  workspace; the CTA that brings it to ``S`` merges the tile with the same formula and sets
-  the counter back to 0. The counters (int32, one per query tile and (batch, KV head)) sit
-  beside the workspace: ``ops.py`` keeps one zeroed buffer per workspace tensor, and every
-  launch leaves it zero.
+* Fused merge: each split CTA increments its query tile's counter modulo ``S`` once its
+  partial is in the workspace; the CTA that sees ``S - 1`` merges the tile with the same
+  formula, and its increment wraps the counter back to 0. The counters (int32, one per query
+  tile and (batch, KV head)) are zeroed once when the extension allocates them (never by a
+  kernel on the caller's stream), and every launch leaves them zero.
+
+The rules that the kernels and the host both need (query-tile height, warp layout, shared
+memory, causal tile ends, split ranges, workspace sections) are defined once, in
+``kernels/include/splitkv/rules.h``; the functions below call them through
+``splitkv_tune._rules``, which every install builds with the host compiler.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+
+try:
+    from splitkv_tune import _rules
+except ImportError as err:  # pragma: no cover - a broken install
+    raise ImportError("splitkv_tune._rules (kernels/rules_binding.cpp) is not built: "
+                      "reinstall with `pip install -e .`") from err
 
 DTYPES = ("fp16", "bf16")
 HEAD_DIMS = (64, 128)
@@ -45,9 +56,8 @@ MERGES = ("auto", "kernel", "fused")
 WORKSPACE_ALIGN = 128
 KV_STAGES = 2
 NUM_WARPS = 4
-# Query-tile heights (packed rows per CTA) and the warp layout each uses:
-# block_m -> (warps along M, warps along N).
-BLOCK_M = {16: (1, 4), 64: (4, 1)}
+# Query-tile heights (packed rows per CTA); rules.h says which one a problem uses.
+BLOCK_M = (16, 64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,21 +172,40 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def align_up(n: int, a: int = WORKSPACE_ALIGN) -> int:
-    return ceil_div(n, a) * a
+def dtype_codes() -> dict[str, int]:
+    """The element types' codes in launch arguments (rules.h).
+
+    >>> dtype_codes()
+    {'fp16': 0, 'bf16': 1}
+    """
+    return dict(_rules.DTYPE_CODES)
+
+
+def policy_codes() -> dict[str, int]:
+    """The split policies' codes in launch arguments (rules.h).
+
+    >>> policy_codes()
+    {'length': 0, 'blocks': 1}
+    """
+    return _rules.POLICY_CODES
 
 
 def block_m_for(packed_rows: int) -> int:
-    """Query-tile height for a problem with ``packed_rows`` rows per (batch, KV head).
-
-    Shared by the kernel dispatch and every host heuristic.
-
-    A 128-row tile would hold 256 fp32 accumulators per thread with 4 warps and spill.
+    """Query-tile height for a problem with ``packed_rows`` rows per (batch, KV head) (rules.h).
 
     >>> [block_m_for(r) for r in (1, 16, 17, 8192)]
     [16, 16, 64, 64]
     """
-    return 16 if packed_rows <= 16 else 64
+    return _rules.block_m_for(packed_rows)
+
+
+def warp_layout(block_m: int) -> tuple[int, int]:
+    """``(warps along the rows, warps along the keys)`` of a ``block_m``-row tile (rules.h).
+
+    >>> warp_layout(16), warp_layout(64)
+    ((1, 4), (4, 1))
+    """
+    return _rules.warp_layout(block_m)
 
 
 def warps_own_keys(block_m: int, block_kv: int) -> bool:
@@ -188,22 +217,16 @@ def warps_own_keys(block_m: int, block_kv: int) -> bool:
     >>> [warps_own_keys(16, bkv) for bkv in BLOCK_KV], warps_own_keys(64, 128)
     ([False, True, True], False)
     """
-    warps_n = BLOCK_M[block_m][1]
-    return warps_n > 1 and block_kv % (16 * warps_n) == 0
+    return _rules.warps_own_keys(block_m, block_kv)
 
 
 def smem_bytes(head_dim: int, block_kv: int, block_m: int) -> int:
-    """Shared memory of one split-kernel CTA: Q tile and K and V stages, plus the P tile
-    and the row exchange when the warps share key blocks.
+    """Shared memory of one split-kernel CTA (rules.h; both element types are 2 bytes).
 
     >>> smem_bytes(128, 128, 16), smem_bytes(128, 32, 16)
     (135168, 38400)
     """
-    warps_n = BLOCK_M[block_m][1]
-    elems = block_m * head_dim + KV_STAGES * 2 * block_kv * head_dim
-    if warps_n == 1 or warps_own_keys(block_m, block_kv):
-        return elems * 2
-    return (elems + block_m * block_kv) * 2 + 2 * warps_n * block_m * 4
+    return _rules.smem_bytes(2, head_dim, block_m, block_kv)
 
 
 def check_merge(merge: str) -> str:
@@ -227,12 +250,11 @@ def fused_merge_fits(shape: Shape) -> bool:
     >>> [fused_merge_fits(Shape("bf16", 128, 1, 32, 8, q, 4096)) for q in (1, 2)]
     [True, False]
     """
-    rows = min(block_m_for(shape.packed_rows), shape.packed_rows)
-    return rows * shape.head_dim // 4 <= NUM_WARPS * 32
+    return _rules.fused_merge_fits(shape.packed_rows, shape.head_dim)
 
 
 def num_m_blocks(shape: Shape) -> int:
-    return ceil_div(shape.packed_rows, block_m_for(shape.packed_rows))
+    return _rules.num_m_blocks(shape.packed_rows)
 
 
 def tile_kv_end(shape: Shape, m_block: int) -> int:
@@ -244,12 +266,8 @@ def tile_kv_end(shape: Shape, m_block: int) -> int:
     >>> tile_kv_end(s, 0)
     64
     """
-    if not shape.causal:
-        return shape.kv_len
-    bm = block_m_for(shape.packed_rows)
-    last_row = min((m_block + 1) * bm, shape.packed_rows) - 1
-    last_q = last_row // shape.group
-    return max(0, min(shape.kv_len, last_q + 1 + shape.kv_len - shape.q_len))
+    return _rules.tile_kv_end(shape.causal, shape.kv_len, shape.q_len, shape.group,
+                              shape.packed_rows, m_block)
 
 
 def split_range(split: int, num_splits: int, kv_len: int, kv_end: int,
@@ -268,24 +286,14 @@ def split_range(split: int, num_splits: int, kv_len: int, kv_end: int,
     >>> split_range(2, 4, 100, 40, 32, "length")
     (50, 40)
     """
-    if policy == "length":
-        start = split * kv_len // num_splits
-        end = (split + 1) * kv_len // num_splits
-        return start, min(end, kv_end)
-    n_blocks = ceil_div(kv_end, block_kv)
-    start = split * n_blocks // num_splits * block_kv
-    end = min((split + 1) * n_blocks // num_splits * block_kv, kv_end)
-    return start, end
+    return _rules.split_range(_rules.POLICY_CODES[policy], split, num_splits, kv_len, kv_end,
+                              block_kv)
 
 
 def workspace_sections(shape: Shape, num_splits: int) -> tuple[int, int, int]:
     """Byte offsets of the m and l sections and the total size; O starts at 0 (module contract)."""
-    if num_splits == 1:
-        return 0, 0, 0
-    rows = num_splits * shape.batch * shape.q_heads * shape.q_len
-    o_bytes = align_up(rows * shape.head_dim * 4)
-    ml_bytes = align_up(rows * 4)
-    return o_bytes, o_bytes + ml_bytes, o_bytes + 2 * ml_bytes
+    return _rules.workspace_sections(num_splits, shape.batch, shape.q_heads, shape.q_len,
+                                     shape.head_dim)
 
 
 def workspace_bytes(shape: Shape, num_splits: int) -> int:

@@ -2,7 +2,9 @@
 
 The compile checks run nvcc for sm_90 on one instantiation of each kernel template (the
 decode and the prefill tile of the split kernel, the combine kernel), the dispatch table
-and the pybind11 binding, so a compile break fails CI without a GPU. They skip when nvcc
+and the torch binding, so a compile break fails CI without a GPU. The traits static_assert
+that their CuTe layouts take the shared memory rules.h counts, so these compiles also check
+the host's rule against the kernel's. They skip when nvcc
 or the CUTLASS headers are missing; ``SPLITKV_SKIP_NVCC=1`` skips them on purpose.
 """
 import concurrent.futures
@@ -76,26 +78,48 @@ def test_kernel_templates_compile_for_sm90(nvcc_flags, tmp_path):
             assert spills, f"no ptxas report for the kernels of {src.name}"
 
 
+def _torch_includes(tmp_path: Path) -> list[str]:
+    """Torch's C++ include flags for the binding. A CPU-only torch wheel lacks the one header
+    its CUDA build generates (it only says whether c10_cuda is a shared library); the check
+    supplies it, as that build does."""
+    from torch.utils import cpp_extension
+    flags = [f"-I{p}" for p in cpp_extension.include_paths()]
+    generated = Path(cpp_extension.include_paths()[0]) / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
+    if not generated.exists():
+        macros = tmp_path / "generated" / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
+        macros.parent.mkdir(parents=True)
+        macros.write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+        flags.append(f"-I{tmp_path / 'generated'}")
+    return flags
+
+
 def test_binding_compiles(nvcc_flags, tmp_path):
-    pybind11 = pytest.importorskip("pybind11")
-    cmd = nvcc_flags + [f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}",
-                        "-Xcompiler", "-fPIC", "-c", str(ROOT / "kernels" / "bindings.cpp"),
-                        "-o", str(tmp_path / "bindings.o")]
+    import torch
+    cmd = nvcc_flags + _torch_includes(tmp_path) + [
+        f"-I{sysconfig.get_paths()['include']}", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+        "-Xcompiler", "-fPIC", "-c", str(ROOT / "kernels" / "bindings.cpp"), "-o", str(tmp_path / "bindings.o")]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
-def test_extension_matches_tunables():
-    """The built extension was generated from this tunables.py, and its shared-memory sizes
-    (from the C++ traits) equal the host-side formula the selector uses."""
-    import torch  # noqa: F401  (loads libtorch's CUDA libraries before the extension)
-    ext = pytest.importorskip("splitkv_tune._C", reason="extension not built")
-    got = ext.compiled_tunables()
+def test_rules_module_matches_tunables():
+    """splitkv_tune._rules was built from the tunables.h this tunables.py generates."""
+    from splitkv_tune import _rules
+    got = _rules.COMPILED_TUNABLES
     assert got["head_dims"] == tunables.HEAD_DIMS and got["block_kv"] == tunables.BLOCK_KV
-    assert got["block_m"] == tuple(tunables.BLOCK_M)
+    assert got["block_m"] == tunables.BLOCK_M
     assert got["reduce_threads"] == tunables.REDUCE_THREADS
     assert (got["max_splits"], got["kv_stages"], got["num_warps"], got["workspace_align"]) == (
         tunables.MAX_SPLITS, tunables.KV_STAGES, tunables.NUM_WARPS, tunables.WORKSPACE_ALIGN)
+    assert tunables.dtype_codes() == {d: i for i, d in enumerate(tunables.DTYPES)}
+    assert set(tunables.policy_codes()) == set(tunables.SPLIT_POLICIES)
+
+
+def test_extension_matches_tunables():
+    """The built extension's shared-memory sizes (from the C++ traits' CuTe layouts) equal the
+    rules.h count that the host checks and the selector use (the traits also static_assert it)."""
+    import torch  # noqa: F401  (loads libtorch's CUDA libraries before the extension)
+    ext = pytest.importorskip("splitkv_tune._C", reason="extension not built")
     for dt, hd, bm, bkv in codegen.split_instances():
-        code = tunables.DTYPES.index(dt)
+        code = tunables.dtype_codes()[dt]
         assert ext.split_smem_bytes(code, hd, bm, bkv) == tunables.smem_bytes(hd, bkv, bm)

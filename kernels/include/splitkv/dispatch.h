@@ -8,8 +8,6 @@
 
 namespace splitkv {
 
-enum class DType : int { kFp16 = 0, kBf16 = 1 };
-
 // Throws std::invalid_argument when no instantiation matches, std::runtime_error on CUDA errors.
 // `programmatic`: programmatic dependent launch on sm_90+ (dependent_launch.h).
 void run_split(const SplitParams& p, DType dtype, int head_dim, int block_m, int block_kv, cudaStream_t stream,

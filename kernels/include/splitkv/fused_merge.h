@@ -3,8 +3,6 @@
 // last partial is written rather than when the whole grid has drained.
 #pragma once
 
-#include <cuda/atomic>
-
 #include <cute/tensor.hpp>
 
 #include "splitkv/merge_state.h"
@@ -20,12 +18,19 @@ CUTE_DEVICE void merge_if_last_split(const SplitParams& p, int m_block, int row0
   __syncthreads();  // the whole CTA's partial is written
   int is_last = 0;
   if (threadIdx.x == 0) {
-    // One release-acquire add by one thread (cumulative over the barrier above) publishes this
-    // CTA's partial and, in the last CTA, makes the other splits' partials visible to the CTA.
-    cuda::atomic_ref<int, cuda::thread_scope_device> counter(
-        p.tile_counters[(int64_t(b) * p.kv_heads + h_kv) * p.num_m_blocks + m_block]);
-    is_last = counter.fetch_add(1, cuda::memory_order_acq_rel) == p.num_splits - 1;
-    if (is_last) counter.store(0, cuda::memory_order_relaxed);  // leave it zeroed for the next launch
+    // One release-acquire wrapping increment by one thread (cumulative over the barrier above)
+    // publishes this CTA's partial and, in the last CTA, makes the other splits' partials
+    // visible to the CTA. It counts 0, 1, ..., num_splits - 1 and wraps back to 0 in the last
+    // CTA, so the counter is zero again after every launch without a store or a fill kernel
+    // (TensorRT-LLM XQA's semaphores work the same way).
+    unsigned* counter = reinterpret_cast<unsigned*>(
+        p.tile_counters + (int64_t(b) * p.kv_heads + h_kv) * p.num_m_blocks + m_block);
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;"
+                 : "=r"(before)
+                 : "l"(counter), "r"(unsigned(p.num_splits - 1))
+                 : "memory");
+    is_last = before == unsigned(p.num_splits - 1);
   }
   if (!__syncthreads_or(is_last)) return;
 

@@ -7,6 +7,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "splitkv/merge_state.h"
+#include "splitkv/rules.h"
 #include "splitkv/tunables.h"
 
 namespace splitkv {
@@ -22,15 +23,11 @@ struct SplitKernelTraits {
   static constexpr int kStages = kKVStages;
   static constexpr int kNWarps = kNumWarps;
   static constexpr int kNThreads = kNWarps * 32;
-  // Decode tiles (16 rows) put all warps along N so every warp streams keys;
-  // taller tiles put them along M, as FlashAttention-2 does.
-  static constexpr int kWarpsM = kBlockM == 16 ? 1 : kNWarps;
-  static constexpr int kWarpsN = kNWarps / kWarpsM;
-  // Decode tiles with at least 16 keys per warp give each warp its own rows of every K/V
-  // stage and its own softmax state and O (decode_mainloop.h): no barrier inside the loop.
-  // Below that a warp's keys cannot fill the k = 16 of the P V MMA, so warps exchange the
-  // row statistics and P through shared memory instead (tile_mainloop.h).
-  static constexpr bool kWarpsOwnKeys = kWarpsN > 1 && kBlockKV % (16 * kWarpsN) == 0;
+  // The warp layout and whether warps own keys (decode_mainloop.h) or share each key block
+  // (tile_mainloop.h): rules.h.
+  static constexpr int kWarpsM = rules::warp_layout(kBlockM).m;
+  static constexpr int kWarpsN = rules::warp_layout(kBlockM).n;
+  static constexpr bool kWarpsOwnKeys = rules::warps_own_keys(kBlockM, kBlockKV);
   static constexpr int kKeysPerWarp = kBlockKV / kWarpsN;
 
   static_assert(is_allowed(kHeadDims, kHeadDim), "head dim not in tunables.h");
@@ -98,6 +95,9 @@ struct SplitKernelTraits {
   static constexpr int kExchangeFloats = kExchanges ? 2 * kWarpsN * kBlockM : 0;
   static constexpr int kSmemBytes =
       int(sizeof(Element)) * (kQElems + 2 * kKVElems + kPElems) + 4 * kExchangeFloats;
+  static_assert(kSmemBytes == rules::smem_bytes(int(sizeof(Element)), kHeadDim, kBlockM, kBlockKV),
+                "the CuTe layouts take the shared memory that rules.h (and so the host) counts");
+  static_assert(kWarpsM * kWarpsN == kNWarps);
   // After the loop of decode_mainloop.h, each warp's row max and sum, then its O fragment,
   // overwrite the Q and K/V stages.
   static constexpr int kWarpMergeFloats = kWarpsOwnKeys ? kNWarps * kBlockM * (2 + kHeadDim) : 0;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "splitkv/rules.h"
 #include "splitkv/utils.h"
 
 namespace splitkv {
@@ -15,7 +16,7 @@ namespace splitkv {
 // Lanes that fold one row together (fold_partials), each owning one float4 of its O: the
 // combine kernel and the fused merge lay their threads out by it, so both fold alike.
 template <int kHeadDim>
-inline constexpr int kLanesPerRow = kHeadDim / 4;
+inline constexpr int kLanesPerRow = rules::lanes_per_row(kHeadDim);
 
 // Splits folded per round: lane u < 16 of a row's lanes loads split u's m and l, and every lane
 // keeps its float4 of the 16 partial O rows in registers.

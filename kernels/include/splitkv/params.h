@@ -11,17 +11,18 @@
 //   Packed rows: r = q_idx * G + g is query q_idx of query head h_kv * G + g (G = Hq / Hkv).
 //   Workspace (fp32, sections 128-byte aligned): O[S][B][Hkv][Sq*G][D], m[S][B][Hkv][Sq*G], l[same].
 //   With num_splits == 1 the split kernel writes the final O (and lse) itself.
-//   Fused merge (tile_counters != null): after writing its partial, each split CTA adds 1 to
-//   tile_counters[(b * kv_heads + h_kv) * num_m_blocks + m_block]; the CTA that brings it to
-//   num_splits merges that tile's partials from the workspace, writes O and lse, and stores 0
-//   back, so the counters (zeroed once by the caller) are zero again after every launch.
+//   Fused merge (tile_counters != null): after writing its partial, each split CTA increments
+//   tile_counters[(b * kv_heads + h_kv) * num_m_blocks + m_block] modulo num_splits; the CTA
+//   that sees num_splits - 1 merges that tile's partials from the workspace and writes O and
+//   lse. The increment wraps to 0 there, so counters zeroed once when allocated are zero again
+//   after every launch.
 #pragma once
 
 #include <cstdint>
 
-namespace splitkv {
+#include "splitkv/rules.h"
 
-enum class SplitPolicy : int { kLength = 0, kBlocks = 1 };
+namespace splitkv {
 
 struct SplitParams {
   const void* __restrict__ q;  // (B, Sq, Hq, D)

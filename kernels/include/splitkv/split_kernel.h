@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) split_kv_kernel(const __gri
   cta.h_kv = blockIdx.y % p.kv_heads;
   cta.split = blockIdx.z;
   cta.row0 = cta.m_block * Traits::kBlockM;
-  cta.range = split_range(p, cta.split, tile_kv_end(p, cta.m_block, Traits::kBlockM), Traits::kBlockKV);
+  cta.range = split_range(p, cta.split, tile_kv_end(p, cta.m_block), Traits::kBlockKV);
   cta.n_tiles = cta.range.y > cta.range.x ? (cta.range.y - cta.range.x + Traits::kBlockKV - 1) / Traits::kBlockKV : 0;
   // Everything above reads only the parameters: under programmatic launch it overlaps the
   // previous kernel's tail. Q, K, V, the workspace and the counters come after the wait.

@@ -40,25 +40,15 @@ CUTE_DEVICE auto smem_q_kv(char* smem) {
   return make_tuple(sQ, sK, sV, sVt, sVtNoSwizzle);
 }
 
-// One past the last key any row of query tile m_block may attend (tunables.tile_kv_end).
-CUTE_DEVICE int tile_kv_end(const SplitParams& p, int m_block, int block_m) {
-  if (!p.causal) return p.kv_len;
-  const int last_row = min((m_block + 1) * block_m, p.packed_rows) - 1;
-  const int last_q = last_row / p.group;
-  return max(0, min(p.kv_len, last_q + 1 + p.kv_len - p.q_len));
+// One past the last key any row of query tile m_block may attend (rules.h).
+CUTE_DEVICE int tile_kv_end(const SplitParams& p, int m_block) {
+  return rules::tile_kv_end(p.causal, p.kv_len, p.q_len, p.group, p.packed_rows, m_block);
 }
 
-// Keys [start, end) of one split (tunables.split_range); end <= start means empty.
+// Keys [x, y) of one split (rules.h); y <= x means empty.
 CUTE_DEVICE int2 split_range(const SplitParams& p, int split, int kv_end, int block_kv) {
-  if (p.split_policy == SplitPolicy::kLength) {
-    const int start = int(int64_t(split) * p.kv_len / p.num_splits);
-    const int end = int(int64_t(split + 1) * p.kv_len / p.num_splits);
-    return make_int2(start, min(end, kv_end));
-  }
-  const int n_blocks = (kv_end + block_kv - 1) / block_kv;
-  const int start = int(int64_t(split) * n_blocks / p.num_splits) * block_kv;
-  const int end = min(int(int64_t(split + 1) * n_blocks / p.num_splits) * block_kv, kv_end);
-  return make_int2(start, end);
+  const rules::KeyRange r = rules::split_range(p.split_policy, split, p.num_splits, p.kv_len, kv_end, block_kv);
+  return make_int2(r.start, r.end);
 }
 
 // Copies `valid` leading rows of a K tile and a V tile (gmem -> smem, cp.async) and zero-fills

@@ -1,0 +1,130 @@
+// The rules that the kernels and the host side both need, defined once. Plain C++17 constexpr:
+// no CUDA, no CuTe, no torch. The kernels call them on the device; the binding
+// (kernels/rules_binding.cpp, compiled with the host compiler alone) exposes them to Python as
+// splitkv_tune._rules, which tunables.py, the reference, the selector and the launch path call
+// instead of copies of their own; the exported C++ selector embeds this file.
+#pragma once
+
+#include <cstdint>
+
+#include "splitkv/tunables.h"
+
+#if defined(__CUDACC__)
+#define SPLITKV_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define SPLITKV_HOST_DEVICE inline
+#endif
+
+namespace splitkv {
+
+// Codes of the element types and split policies, as the launch arguments carry them.
+enum class DType : int { kFp16 = 0, kBf16 = 1 };
+enum class SplitPolicy : int { kLength = 0, kBlocks = 1 };
+
+namespace rules {
+
+struct WarpLayout {
+  int m, n;  // warps along the query rows and along the keys of a tile
+};
+
+struct KeyRange {
+  int start, end;  // keys [start, end); end <= start is an empty split
+};
+
+SPLITKV_HOST_DEVICE constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Packed query rows per CTA. A 128-row tile would hold 256 fp32 accumulators per thread with
+// 4 warps and spill.
+SPLITKV_HOST_DEVICE constexpr int block_m_for(int packed_rows) { return packed_rows <= 16 ? 16 : 64; }
+
+SPLITKV_HOST_DEVICE constexpr int num_m_blocks(int packed_rows) {
+  return ceil_div(packed_rows, block_m_for(packed_rows));
+}
+
+// Decode tiles (16 rows) put all warps along the keys so every warp streams keys; taller tiles
+// put them along the rows, as FlashAttention-2 does.
+SPLITKV_HOST_DEVICE constexpr WarpLayout warp_layout(int block_m) {
+  return block_m == 16 ? WarpLayout{1, kNumWarps} : WarpLayout{kNumWarps, 1};
+}
+
+// Whether each warp owns its own keys of every K/V stage (decode_mainloop.h): it needs warps
+// along the keys and at least 16 keys per warp (the k of the P V MMA). Otherwise the warps
+// share each key block and exchange row statistics and P through shared memory (tile_mainloop.h).
+SPLITKV_HOST_DEVICE constexpr bool warps_own_keys(int block_m, int block_kv) {
+  return warp_layout(block_m).n > 1 && block_kv % (16 * warp_layout(block_m).n) == 0;
+}
+
+// Shared memory of one split-kernel CTA: the Q tile and kKVStages stages of K and V, plus the
+// P tile and the row exchange (max and sum per warp along the keys) when the warps share keys.
+SPLITKV_HOST_DEVICE constexpr int smem_bytes(int element_bytes, int head_dim, int block_m, int block_kv) {
+  const int warps_n = warp_layout(block_m).n;
+  const bool exchanges = warps_n > 1 && !warps_own_keys(block_m, block_kv);
+  const int elems = block_m * head_dim + 2 * kKVStages * block_kv * head_dim + (exchanges ? block_m * block_kv : 0);
+  return element_bytes * elems + (exchanges ? 4 * 2 * warps_n * block_m : 0);
+}
+
+// One past the last key any row of query tile m_block may attend. Causal masks are aligned
+// bottom-right: query i sees keys j <= i + kv_len - q_len.
+SPLITKV_HOST_DEVICE constexpr int tile_kv_end(bool causal, int kv_len, int q_len, int group, int packed_rows,
+                                              int m_block) {
+  if (!causal) return kv_len;
+  const int block_m = block_m_for(packed_rows);
+  const int last_row = ((m_block + 1) * block_m < packed_rows ? (m_block + 1) * block_m : packed_rows) - 1;
+  const int end = last_row / group + 1 + kv_len - q_len;
+  return end < 0 ? 0 : (end < kv_len ? end : kv_len);
+}
+
+// Keys of split `split` of `num_splits` for a query tile whose keys end at kv_end.
+// kLength cuts [0, kv_len) into equal lengths, clipped to kv_end (trailing splits of early
+// causal tiles are empty); kBlocks gives every split the same count, within one, of block_kv
+// blocks of [0, kv_end).
+SPLITKV_HOST_DEVICE constexpr KeyRange split_range(SplitPolicy policy, int split, int num_splits, int kv_len,
+                                                   int kv_end, int block_kv) {
+  if (policy == SplitPolicy::kLength) {
+    const int start = int(int64_t(split) * kv_len / num_splits);
+    const int end = int(int64_t(split + 1) * kv_len / num_splits);
+    return KeyRange{start, end < kv_end ? end : kv_end};
+  }
+  const int n_blocks = ceil_div(kv_end, block_kv);
+  const int start = int(int64_t(split) * n_blocks / num_splits) * block_kv;
+  const int end = int(int64_t(split + 1) * n_blocks / num_splits) * block_kv;
+  return KeyRange{start, end < kv_end ? end : kv_end};
+}
+
+// Lanes that fold one row of the partials together, each owning one float4 of its O (the
+// combine kernel and the fused merge lay their threads out by it, so both fold alike).
+SPLITKV_HOST_DEVICE constexpr int lanes_per_row(int head_dim) { return head_dim / 4; }
+
+// Whether the fused merge of one query tile is one float4 per thread of the last CTA. Past
+// that the last CTA merges rows one after another, and the combine kernel, spread over many
+// CTAs, is faster (docs/PERFORMANCE.md).
+SPLITKV_HOST_DEVICE constexpr bool fused_merge_fits(int packed_rows, int head_dim) {
+  const int block_m = block_m_for(packed_rows);
+  const int rows = block_m < packed_rows ? block_m : packed_rows;
+  return rows * lanes_per_row(head_dim) <= kNumWarps * 32;
+}
+
+SPLITKV_HOST_DEVICE constexpr int64_t align_up(int64_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+
+// Byte offsets of the workspace's sections (params.h): O at 0, then m, then l; `total` is the
+// size. No workspace with one split.
+struct WorkspaceSections {
+  int64_t m_offset, l_offset, total;
+};
+
+SPLITKV_HOST_DEVICE constexpr WorkspaceSections workspace_sections(int num_splits, int batch, int q_heads, int q_len,
+                                                                   int head_dim) {
+  if (num_splits == 1) return WorkspaceSections{0, 0, 0};
+  const int64_t rows = int64_t(num_splits) * batch * q_heads * q_len;
+  const int64_t o_bytes = align_up(rows * head_dim * 4);
+  const int64_t ml_bytes = align_up(rows * 4);
+  return WorkspaceSections{o_bytes, o_bytes + ml_bytes, o_bytes + 2 * ml_bytes};
+}
+
+// The fused merge's counters: one int32 per query tile of each (batch, KV head).
+SPLITKV_HOST_DEVICE constexpr int64_t tile_counter_count(int batch, int kv_heads, int packed_rows) {
+  return int64_t(batch) * kv_heads * num_m_blocks(packed_rows);
+}
+
+}  // namespace rules
+}  // namespace splitkv

@@ -1,0 +1,82 @@
+// pybind11 module splitkv_tune._rules: the shared rules of rules.h for the host side, compiled
+// with the host compiler alone (no CUDA), so every install has it and CPU-only CI tests the very
+// functions the kernels run.
+#include <pybind11/pybind11.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "splitkv/rules.h"
+
+namespace py = pybind11;
+using namespace splitkv;
+
+namespace {
+
+SplitPolicy policy_of(int code) {
+  if (code != int(SplitPolicy::kLength) && code != int(SplitPolicy::kBlocks)) {
+    throw py::value_error("split policy code must be 0 (length) or 1 (blocks), got " + std::to_string(code));
+  }
+  return static_cast<SplitPolicy>(code);
+}
+
+template <int N>
+py::tuple as_tuple(const int (&values)[N]) {
+  py::tuple t(N);
+  for (int i = 0; i < N; ++i) t[i] = values[i];
+  return t;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_rules, m) {
+  m.doc() = "The rules that the split-KV kernels and the host share (kernels/include/splitkv/rules.h)";
+  m.def("block_m_for", &rules::block_m_for, py::arg("packed_rows"));
+  m.def("num_m_blocks", &rules::num_m_blocks, py::arg("packed_rows"));
+  m.def("warp_layout", [](int block_m) {
+    const rules::WarpLayout w = rules::warp_layout(block_m);
+    return py::make_tuple(w.m, w.n);
+  }, py::arg("block_m"));
+  m.def("warps_own_keys", &rules::warps_own_keys, py::arg("block_m"), py::arg("block_kv"));
+  m.def("smem_bytes", &rules::smem_bytes, py::arg("element_bytes"), py::arg("head_dim"), py::arg("block_m"),
+        py::arg("block_kv"));
+  m.def("tile_kv_end", &rules::tile_kv_end, py::arg("causal"), py::arg("kv_len"), py::arg("q_len"),
+        py::arg("group"), py::arg("packed_rows"), py::arg("m_block"));
+  m.def("split_range", [](int policy, int split, int num_splits, int kv_len, int kv_end, int block_kv) {
+    if (num_splits < 1 || split < 0 || split >= num_splits || block_kv < 1) {
+      throw py::value_error("split_range needs 0 <= split < num_splits and block_kv >= 1");
+    }
+    const rules::KeyRange r = rules::split_range(policy_of(policy), split, num_splits, kv_len, kv_end, block_kv);
+    return py::make_tuple(r.start, r.end);
+  }, py::arg("policy"), py::arg("split"), py::arg("num_splits"), py::arg("kv_len"), py::arg("kv_end"),
+        py::arg("block_kv"));
+  m.def("lanes_per_row", &rules::lanes_per_row, py::arg("head_dim"));
+  m.def("fused_merge_fits", &rules::fused_merge_fits, py::arg("packed_rows"), py::arg("head_dim"));
+  m.def("workspace_sections", [](int num_splits, int batch, int q_heads, int q_len, int head_dim) {
+    const rules::WorkspaceSections w = rules::workspace_sections(num_splits, batch, q_heads, q_len, head_dim);
+    return py::make_tuple(w.m_offset, w.l_offset, w.total);
+  }, py::arg("num_splits"), py::arg("batch"), py::arg("q_heads"), py::arg("q_len"), py::arg("head_dim"));
+  m.def("tile_counter_count", &rules::tile_counter_count, py::arg("batch"), py::arg("kv_heads"),
+        py::arg("packed_rows"));
+
+  py::dict codes;
+  codes["fp16"] = int(DType::kFp16);
+  codes["bf16"] = int(DType::kBf16);
+  m.attr("DTYPE_CODES") = codes;
+  py::dict policies;
+  policies["length"] = int(SplitPolicy::kLength);
+  policies["blocks"] = int(SplitPolicy::kBlocks);
+  m.attr("POLICY_CODES") = policies;
+
+  // What tunables.h (generated from tunables.py) held when this module was built.
+  py::dict compiled;
+  compiled["head_dims"] = as_tuple(kHeadDims);
+  compiled["block_kv"] = as_tuple(kBlockKVs);
+  compiled["block_m"] = as_tuple(kBlockMs);
+  compiled["reduce_threads"] = as_tuple(kReduceThreads);
+  compiled["max_splits"] = kMaxSplits;
+  compiled["kv_stages"] = kKVStages;
+  compiled["num_warps"] = kNumWarps;
+  compiled["workspace_align"] = kWorkspaceAlign;
+  m.attr("COMPILED_TUNABLES") = compiled;
+}
