@@ -2,6 +2,7 @@
 // launch) in C++, so that a call costs a few microseconds of host time. Torch headers are used
 // here only; the kernel headers under kernels/include stay torch-free and take a params struct.
 #include <torch/extension.h>
+#include <pybind11/stl.h>
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -163,14 +164,34 @@ at::Tensor checked_workspace(py::handle obj, const at::Tensor& q, int64_t nbytes
 // caller's stream. An eager call uses one buffer per (device, stream), which every launch leaves
 // zero; calls under capture use the counters of the graph being captured, so a graph never
 // shares them with eager calls or with other graphs replayed beside it.
+std::mutex eager_counters_mutex;
+std::map<StreamKey, std::pair<int*, int64_t>>* eager_counters = new std::map<StreamKey, std::pair<int*, int64_t>>();
+
 int* tile_counters(int device, cudaStream_t stream, int64_t count, bool captured) {
   if (captured) return graph_counters(device, stream, count);
-  static std::mutex mutex;
-  static auto* cache = new std::map<StreamKey, std::pair<int*, int64_t>>();
-  std::lock_guard<std::mutex> lock(mutex);
-  auto& [counters, capacity] = (*cache)[{device, stream}];
+  std::lock_guard<std::mutex> lock(eager_counters_mutex);
+  auto& [counters, capacity] = (*eager_counters)[{device, stream}];
   if (capacity < count) counters = counter_pool(device).take(count, &capacity);
   return counters;
+}
+
+// The eager counters of (device, stream) as they are now (empty before a fused merge ran
+// there): what the tests check every launch leaves at zero. Synchronises the device.
+std::vector<int> read_eager_counters(int device, std::uintptr_t stream) {
+  std::pair<int*, int64_t> entry{nullptr, 0};
+  {
+    std::lock_guard<std::mutex> lock(eager_counters_mutex);
+    const auto it = eager_counters->find({device, reinterpret_cast<cudaStream_t>(stream)});
+    if (it != eager_counters->end()) entry = it->second;
+  }
+  std::vector<int> values(size_t(entry.second));
+  if (entry.first != nullptr) {
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    check_cuda(cudaMemcpy(values.data(), entry.first, values.size() * sizeof(int), cudaMemcpyDeviceToHost),
+               "reading the counters");
+  }
+  return values;
 }
 
 int smem_limit(int device) {
@@ -310,6 +331,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "split-KV FlashAttention forward kernels (CUTLASS/CuTe)";
   m.def("check_problem", &check_problem, "Check q, k, v as ops.problem_shape does; returns their dims");
   m.def("forward", &forward, "Launch the split kernel (and the combine kernel) for checked inputs");
+  m.def("read_eager_counters", &read_eager_counters, "The fused merge's eager counters of (device, stream)");
   m.def("combine", &combine, "Launch the combine kernel alone on fp32 partials");
   m.def("split_smem_bytes", [](int dtype, int head_dim, int block_m, int block_kv) {
     return split_smem_bytes(static_cast<DType>(dtype), head_dim, block_m, block_kv);

@@ -153,10 +153,17 @@ def _grid_shapes(grid, dtypes, head_dims, patterns):
 @click.option("--breakdown", is_flag=True,
               help="Also trace each config's kernels: time each adds per call, and launch gaps "
                    "(cuda backend).")
+@click.option("--eager", is_flag=True,
+              help="Also time each config uncaptured: host µs per call and eager µs per call "
+                   "of back-to-back calls, beside SDPA flash and cuDNN timed the same way "
+                   "(cuda backend).")
+@click.option("--workspace", type=click.Choice(["default", "preallocated"]), default="default",
+              show_default=True,
+              help="Our calls pass no workspace (the default call) or share one preallocated.")
 @_timing_options
 def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, splits, block_kv,
-          reduce_threads, policy, merge, pdl, backend, no_check, csv_path, breakdown, warmup_s,
-          min_reps, max_time_s):
+          reduce_threads, policy, merge, pdl, backend, no_check, csv_path, breakdown, eager,
+          workspace, warmup_s, min_reps, max_time_s):
     """Time one shape with one or several configs (the product of the lists)."""
     from splitkv_tune import bench as bench_mod
     from splitkv_tune import table
@@ -170,10 +177,13 @@ def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, spli
         _parse_list(reduce_threads, "--reduce-threads", int), _parse_list(policy, "--policy", str))]
     if breakdown and backend != "cuda":
         raise click.UsageError("--breakdown traces CUDA kernels: it needs --backend cuda")
+    if eager and backend != "cuda":
+        raise click.UsageError("--eager times CUDA launches: it needs --backend cuda")
     _backend_or_exit(backend)
     timing = _timing(space.TIMING_DEFAULTS, warmup_s, min_reps, max_time_s)
     shape_bench = bench_mod.ShapeBench(shape, backend=backend, check=not no_check,
-                                       num_sms=_num_sms(backend, None), **timing)
+                                       num_sms=_num_sms(backend, None), workspace=workspace,
+                                       **timing)
     try:
         merges = [tunables.check_merge(m) for m in _parse_list(merge, "--merge", str)]
     except ValueError as err:
@@ -194,14 +204,20 @@ def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, spli
             continue
         runs[key] = launch_bench
         result = launch_bench.measure(config)
-        gbps = result.gbps(shape.bytes_moved())
-        rows.append({"num_splits": config.num_splits, "block_kv": config.block_kv,
-                     "reduce_threads": config.reduce_threads, "split_policy": config.split_policy,
-                     "merge": key[1], "pdl": {True: "on", False: "off", None: "-"}[key[2]],
-                     "status": result.status, "median_us": result.median_us,
-                     "p20_us": result.p20_us, "p80_us": result.p80_us, "n": result.n,
-                     "gbps": gbps, "pct_copy_bw": 100 * gbps / copy_bw, "method": result.method,
-                     "reason": result.reason})
+        row = {"impl": "ours", "num_splits": config.num_splits, "block_kv": config.block_kv,
+               "reduce_threads": config.reduce_threads, "split_policy": config.split_policy,
+               "merge": key[1], "pdl": {True: "on", False: "off", None: "-"}[key[2]]}
+        rows.append({**row, **_timing_row(result, shape, copy_bw)})
+        if eager and result.status == "ok":
+            rows[-1].update(_eager_row(*launch_bench.measure_eager(config)))
+    if eager:
+        from splitkv_tune import compare as compare_mod
+        for peer in ("sdpa_flash", "sdpa_cudnn"):
+            make = compare_mod.peer_factory(peer, shape, shape_bench.scale)
+            result = shape_bench.measure_launcher(make)
+            rows.append({"impl": peer, **_timing_row(result, shape, copy_bw)})
+            if result.status == "ok":
+                rows[-1].update(_eager_row(*shape_bench.measure_launcher_eager(make)))
     import pandas as pd
     frame = pd.DataFrame(rows)
     click.echo(f"{space.shape_key(shape)}  backend={backend}  device={shape_bench.device}  "
@@ -212,6 +228,18 @@ def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, spli
         table.atomic_write_csv(csv_path, frame)
     if breakdown:
         _print_breakdowns(runs, frame)
+
+
+def _timing_row(result, shape, copy_bw: float) -> dict:
+    gbps = result.gbps(shape.bytes_moved())
+    return {"status": result.status, "median_us": result.median_us, "p20_us": result.p20_us,
+            "p80_us": result.p80_us, "n": result.n, "gbps": gbps,
+            "pct_copy_bw": 100 * gbps / copy_bw, "method": result.method, "reason": result.reason}
+
+
+def _eager_row(host, eager) -> dict:
+    return {"host_us": host.median_us, "eager_us": eager.median_us,
+            "eager_p20_us": eager.p20_us, "eager_p80_us": eager.p80_us}
 
 
 def _print_breakdowns(runs, frame) -> None:
@@ -361,13 +389,19 @@ def table(trials, output, gpu, min_margin, from_storage):
 @click.option("--with-no-pdl", is_flag=True,
               help="Also time ours launched without programmatic dependent launch "
                    "(column ours_no_pdl; not a peer).")
+@click.option("--with-preallocated", is_flag=True,
+              help="Also time ours with one preallocated workspace, as a tuned harness passes "
+                   "it (column ours_preallocated; not a peer). 'ours' passes none.")
+@click.option("--eager", is_flag=True,
+              help="Also time every implementation uncaptured: host µs per call and µs per "
+                   "call in an eager loop, beside the graph-replay times.")
 @BACKEND_OPTION
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="results/compare",
               show_default=True)
 @click.option("--progress/--no-progress", default=None)
 @_timing_options
-def compare(grid, dtypes, head_dims, patterns, table_path, config_text, peers, with_no_pdl, backend,
-            out_dir, progress, warmup_s, min_reps, max_time_s):
+def compare(grid, dtypes, head_dims, patterns, table_path, config_text, peers, with_no_pdl,
+            with_preallocated, eager, backend, out_dir, progress, warmup_s, min_reps, max_time_s):
     """Ours vs SDPA flash, SDPA cuDNN and FlexAttention; writes compare.csv and compare.md."""
     import pandas as pd
 
@@ -381,6 +415,10 @@ def compare(grid, dtypes, head_dims, patterns, table_path, config_text, peers, w
     if unknown:
         raise click.BadParameter(f"unknown peer(s) {unknown}; choose from {compare_mod.PEERS}",
                                  param_hint="--peers")
+    missing = compare_mod.peers_flashinfer.available()
+    if missing and set(peer_list) & set(compare_mod.peers_flashinfer.NAMES):
+        click.echo(f"skipping the FlashInfer peers: {missing}", err=True)
+        peer_list = [p for p in peer_list if p not in compare_mod.peers_flashinfer.NAMES]
     fixed = None
     if config_text:
         parts = config_text.split(",")
@@ -394,10 +432,11 @@ def compare(grid, dtypes, head_dims, patterns, table_path, config_text, peers, w
     results = compare_mod.run_compare(
         shapes, backend=backend, peers=peer_list, heuristics=heuristics, fixed=fixed,
         timing=_timing(grid_obj.timing, warmup_s, min_reps, max_time_s), run_id=run_id,
-        progress=progress, with_no_pdl=with_no_pdl)
+        progress=progress, with_no_pdl=with_no_pdl, with_preallocated=with_preallocated,
+        eager=eager)
     out = Path(out_dir)
     table_mod.atomic_write_csv(out / "compare.csv", results)
-    markdown = compare_mod.markdown_table(results)
+    markdown = compare_mod.markdown_report(results)
     table_mod.atomic_write_text(out / "compare.md", markdown)
     run_meta = meta.collect_meta(backend=backend, run_id=run_id,
                                  extra={"command": "compare", "grid": grid_obj.source})

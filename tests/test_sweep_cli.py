@@ -299,17 +299,20 @@ def test_breakdown_shares_are_of_the_measured_call(monkeypatch):
     assert [r["share"] for r in rows] == pytest.approx([0.64, 0.16, 0.2])
 
 
-def test_auto_config_is_timed_with_a_preallocated_workspace(monkeypatch):
-    """bench and compare give an "auto" config the workspace of the split count it resolves
-    to, as a server would; without one, CUDA-graph capture would zero fresh fused-merge
-    counters inside the graph and every replay would time that fill."""
+def test_our_calls_pass_the_default_or_a_preallocated_workspace(monkeypatch):
+    """bench and compare time the default call (no workspace) unless asked to preallocate one;
+    then an "auto" config gets the workspace of the split count it resolves to."""
     from splitkv_tune.compare import AUTO_CONFIG
     resolved = tunables.Config(num_splits=8, block_kv=64, reduce_threads=128, split_policy="blocks")
     monkeypatch.setattr(bench.ShapeBench, "resolve", lambda self, config: resolved)
     shape = Shape("bf16", 128, 1, 32, 8, 1, 4096)
-    shape_bench = bench.ShapeBench(shape, backend="cuda", device="cpu")
+    default = bench.ShapeBench(shape, backend="cuda", device="cpu")
+    assert {f.keywords["workspace"] for f in default.launchers(AUTO_CONFIG)} == {None}
+    shape_bench = default.with_launch(workspace="preallocated")
     fns = shape_bench.launchers(AUTO_CONFIG)
     assert shape_bench._shared["workspace"].numel() == tunables.workspace_bytes(shape, 8) > 0
     # Each launch gets the config it was sized for, not "auto" to resolve again.
     assert {f.keywords["num_splits"] for f in fns} == {8}
     assert {f.keywords["block_kv"] for f in fns} == {64}
+    with pytest.raises(ValueError, match="workspace"):
+        default.with_launch(workspace="pinned")

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Build, test and measure on a GPU host in one go; logs and results go under $OUT (or ./gpu-out).
 # Usage: [GPU=h100] tools/gpu_session.sh MODE...   (GPU defaults to h200; modes run in order)
-# test: GPU tests (~1 min); merge-ab: combine kernel vs fused merge on the small decode
+# test: GPU tests (~1 min); eager: host cost and eager loops of the default call vs SDPA (~2 min); merge-ab: combine kernel vs fused merge on the small decode
 # shapes (~2 min); pdl-ab: the table's config with and without programmatic dependent launch
 # on the small decode shapes, two fixed-cost and two large ones (~1.5 min); sweep: quick grid
 # (~3 min); evaluate: selector regret on the GPU (~2 min); breakdown: kernel time per call
@@ -33,7 +33,7 @@ for mode in "$@"; do
     test)
       date -u | tee "$out/gpu_tests.log"
       SPLITKV_REQUIRE_GPU=1 timeout 300 python3 -m pytest -q -p no:cacheprovider --no-header -rf \
-        tests/test_kernel_gpu.py tests/test_ops_validation_gpu.py tests/test_bench_gpu.py \
+        tests/test_kernel_gpu.py tests/test_ops_validation_gpu.py tests/test_bench_gpu.py tests/test_default_call_gpu.py \
         tests/test_build.py::test_extension_matches_tunables 2>&1 | tail -15 | tee -a "$out/gpu_tests.log"
       ;;
     merge-ab)
@@ -51,6 +51,17 @@ for mode in "$@"; do
         set -- $s
         timeout 60 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 ${5:-} --pdl on,off 2>&1 | tail -3
       done | tee "$out/pdl_ab.log"
+      ;;
+    eager)
+      # Host cost and eager per-call time of the default call (and with every tunable given)
+      # beside SDPA flash and cuDNN.
+      IFS='|' read -ra shapes <<<"1 8 1 256|1 8 1 4096|1 8 1 16384|1 8 1 24576|4 8 1 4096|1 8 1 65536"
+      for s in "${shapes[@]}"; do
+        set -- $s
+        timeout 90 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 --eager 2>&1 | tail -4
+        timeout 60 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 --eager \
+          --splits 4 --block-kv 64 --reduce-threads 128 --policy blocks 2>&1 | tail -3 | head -1
+      done | tee "$out/eager.log"
       ;;
     sweep)
       timeout 420 splitkv-tune sweep --gpu "$flag" --grid quick --no-progress 2>&1 | tail -25 | tee "$out/sweep.log"
@@ -74,7 +85,7 @@ for mode in "$@"; do
         --out results/$gpu/compare_prefill --no-progress 2>&1 | tail -8 | tee "$out/prefill.log"
       splitkv-tune env > "$out/env.txt" 2>&1
       ;;
-    *) echo "usage: $0 MODE... (test, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare)" >&2; exit 2 ;;
+    *) echo "usage: $0 MODE... (test, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare)" >&2; exit 2 ;;
   esac
   pack
 done
