@@ -58,9 +58,9 @@ for mode in "$@"; do
       IFS='|' read -ra shapes <<<"1 8 1 256|1 8 1 4096|1 8 1 16384|1 8 1 24576|4 8 1 4096|1 8 1 65536"
       for s in "${shapes[@]}"; do
         set -- $s
-        timeout 90 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 --eager 2>&1 | tail -4
+        timeout 90 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 --eager 2>&1
         timeout 60 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 --eager \
-          --splits 4 --block-kv 64 --reduce-threads 128 --policy blocks 2>&1 | tail -3 | head -1
+          --splits 4 --block-kv 64 --reduce-threads 128 --policy blocks 2>&1
       done | tee "$out/eager.log"
       ;;
     sweep)
