@@ -213,7 +213,7 @@ void set_strides(const at::Tensor& t, int64_t& batch, int64_t& row, int64_t& hea
 
 // Launches the split kernel (and the combine kernel when it merges) on torch's current stream
 // of q's device. q, k, v passed check_problem and the tunables were validated by ops.py; the
-// workspace (None: the default one) is checked here. Returns (out, lse); lse is empty unless
+// workspace (None: the default one) is checked here. Returns (out, lse); lse is None unless
 // return_lse.
 py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::handle workspace_obj, bool causal,
                   double softmax_scale, int num_splits, int block_kv, int reduce_threads, int split_policy,
@@ -250,9 +250,8 @@ py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::hand
   }
 
   at::Tensor out = at::empty(q.sizes(), q.options());
-  const std::vector<int64_t> lse_shape =
-      return_lse ? std::vector<int64_t>{q.size(0), q.size(2), q.size(1)} : std::vector<int64_t>{0};
-  at::Tensor lse = at::empty(lse_shape, q.options().dtype(at::kFloat));
+  at::Tensor lse;
+  if (return_lse) lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
   const rules::WorkspaceSections sections =
       rules::workspace_sections(num_splits, p.batch, p.q_heads, p.q_len, head_dim);
   const bool captured = capturing(stream);
@@ -297,6 +296,7 @@ py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::hand
     c.total_rows = int64_t(p.batch) * p.kv_heads * p.packed_rows;
     run_combine(c, dtype, head_dim, reduce_threads, stream, programmatic);
   }
+  if (!return_lse) return py::make_tuple(out, py::none());
   return py::make_tuple(out, lse);
 }
 

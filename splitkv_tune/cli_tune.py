@@ -213,11 +213,12 @@ def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, spli
     if eager:
         from splitkv_tune import compare as compare_mod
         for peer in ("sdpa_flash", "sdpa_cudnn"):
-            make = compare_mod.peer_factory(peer, shape, shape_bench.scale)
-            result = shape_bench.measure_launcher(make)
-            rows.append({"impl": peer, **_timing_row(result, shape, copy_bw)})
-            if result.status == "ok":
-                rows[-1].update(_eager_row(*shape_bench.measure_launcher_eager(make)))
+            with compare_mod.peer_backend(peer):
+                make = compare_mod.peer_factory(peer, shape, shape_bench.scale)
+                result = shape_bench.measure_launcher(make)
+                rows.append({"impl": peer, **_timing_row(result, shape, copy_bw)})
+                if result.status == "ok":
+                    rows[-1].update(_eager_row(*shape_bench.measure_launcher_eager(make)))
     import pandas as pd
     frame = pd.DataFrame(rows)
     click.echo(f"{space.shape_key(shape)}  backend={backend}  device={shape_bench.device}  "

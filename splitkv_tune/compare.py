@@ -15,6 +15,7 @@ implementation, its host µs per call and its µs per call in an eager loop
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable
 
@@ -56,24 +57,32 @@ def _causal_mask(shape: Shape):
     return causal_lower_right(shape.q_len, shape.kv_len)
 
 
+def peer_backend(name: str):
+    """The context in which peer ``name`` is built and timed: SDPA restricted to the peer's
+    backend (so a call that backend cannot serve fails instead of falling back), else none."""
+    if name not in ("sdpa_flash", "sdpa_cudnn"):
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel(SDPBackend.FLASH_ATTENTION if name == "sdpa_flash" else SDPBackend.CUDNN_ATTENTION)
+
+
 def peer_factory(name: str, shape: Shape, scale: float) -> Callable:
     """``make_fn(q, k, v)`` for ``bench.ShapeBench.measure_launcher``."""
     if name in peers_flashinfer.NAMES:
         return peers_flashinfer.factory(name, shape, scale)
     gqa = shape.q_heads != shape.kv_heads
     if name in ("sdpa_flash", "sdpa_cudnn"):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        backend = SDPBackend.FLASH_ATTENTION if name == "sdpa_flash" \
-            else SDPBackend.CUDNN_ATTENTION
 
         def make(q, k, v):
             qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
             mask = _causal_mask(shape)
 
             def run():
-                with sdpa_kernel(backend):
-                    out = torch.nn.functional.scaled_dot_product_attention(
-                        qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=gqa)
+                # The backend is chosen around the whole measurement (peer_backend), not per
+                # call: entering sdpa_kernel costs more host time than the call itself, and
+                # a server sets its backend once.
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=gqa)
                 return out.transpose(1, 2)
             return run
         return make
@@ -148,10 +157,11 @@ def run_compare(shapes: list[Shape], *, backend: str = "cuda", peers=PEERS,
                 _add_eager(rows[-1], *launch_bench.measure_eager(config))
         for peer in peers:
             try:
-                make = peer_factory(peer, shape, shape_bench.scale)
-                result = shape_bench.measure_launcher(make)
-                if eager and result.status == "ok":
-                    host, eager_timing = shape_bench.measure_launcher_eager(make)
+                with peer_backend(peer):
+                    make = peer_factory(peer, shape, shape_bench.scale)
+                    result = shape_bench.measure_launcher(make)
+                    if eager and result.status == "ok":
+                        host, eager_timing = shape_bench.measure_launcher_eager(make)
             except (ImportError, AttributeError) + bench.FAILURE_EXCEPTIONS as err:
                 result = bench.Timing.failure("failed", bench.describe_error(err))
             rows.append(_row(shape, peer, "", result, copy_bw, run_id))

@@ -82,12 +82,14 @@ def problem_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
 
 
 @torch.compiler.assume_constant_result
-def _auto_fields(shape_fields: tuple, device_index: int) -> tuple:
-    # Reads tables from disk: evaluated once at trace time under torch.compile.
-    from splitkv_tune import selector
-    name, sms = _device_info(device_index)
-    c = selector.auto_config(Shape(*shape_fields), name, sms)
-    return c.num_splits, c.block_kv, c.reduce_threads, c.split_policy
+def _traced_launch_args(shape_fields: tuple, device_index: int, num_splits, block_kv, reduce_threads,
+                        split_policy, merge: str) -> tuple:
+    # Reads tables and calls the compiled rules: evaluated once at trace time under torch.compile.
+    shape = Shape(*shape_fields)
+    config = resolve_config(shape, device_index, num_splits, block_kv, reduce_threads, split_policy)
+    fused = resolve_merge(shape, config, merge) == "fused"
+    return (config.num_splits, config.block_kv, config.reduce_threads,
+            tunables.policy_codes()[config.split_policy], fused)
 
 
 def _is_auto(value) -> bool:
@@ -113,9 +115,10 @@ def resolve_config(shape: Shape, device_index: int, num_splits="auto", block_kv=
         given[name] = value
         Config(**{name: value}).validate()
     if any(_is_auto(v) for v in given.values()):
-        fields = (shape.dtype, shape.head_dim, shape.batch, shape.q_heads, shape.kv_heads,
-                  shape.q_len, shape.kv_len, shape.causal)
-        auto = dict(zip(given, _auto_fields(fields, device_index)))
+        from splitkv_tune import selector
+        c = selector.auto_config(shape, *_device_info(device_index))
+        auto = {"num_splits": c.num_splits, "block_kv": c.block_kv, "reduce_threads": c.reduce_threads,
+                "split_policy": c.split_policy}
         given = {k: auto[k] if _is_auto(v) else v for k, v in given.items()}
         if _is_auto(num_splits):
             cap = tunables.kv_blocks(shape, given["block_kv"])
@@ -248,8 +251,9 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     workspace: torch.Tensor | None, causal: bool, softmax_scale: float, num_splits: int,
                     block_kv: int, reduce_threads: int, split_policy: int, return_lse: bool,
                     fused_merge: bool, pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return tuple(_extension().forward(q, k, v, workspace, causal, softmax_scale, num_splits, block_kv,
-                                      reduce_threads, split_policy, return_lse, fused_merge, pdl))
+    out, lse = _extension().forward(q, k, v, workspace, causal, softmax_scale, num_splits, block_kv,
+                                    reduce_threads, split_policy, return_lse, fused_merge, pdl)
+    return out, lse if return_lse else q.new_empty((0,), dtype=torch.float32)
 
 
 # Registered for torch.compile; eager calls skip the dispatcher's per-call cost.
@@ -271,12 +275,13 @@ def _traced_call(q, k, v, causal, softmax_scale, tunables_given: dict, merge, wo
     """The call under ``torch.compile``: checked in Python at trace time, one registered op."""
     shape = problem_shape(q, k, v, causal)
     scale = _check_scalars(softmax_scale, merge, enable_pdl, shape.head_dim)
-    config = resolve_config(shape, q.device.index, **tunables_given)
-    fused_merge = resolve_merge(shape, config, merge) == "fused"
+    fields = (shape.dtype, shape.head_dim, shape.batch, shape.q_heads, shape.kv_heads,
+              shape.q_len, shape.kv_len, shape.causal)
+    splits, bkv, threads, policy, fused = _traced_launch_args(
+        fields, q.device.index, *(tunables_given[t] for t in _TUNABLES), merge)
     _check_workspace(q, workspace)
-    return _attention_op(q, k, v, workspace, bool(causal), scale, config.num_splits, config.block_kv,
-                         config.reduce_threads, tunables.policy_codes()[config.split_policy],
-                         bool(return_lse), fused_merge, enable_pdl)
+    return _attention_op(q, k, v, workspace, bool(causal), scale, splits, bkv, threads, policy,
+                         bool(return_lse), fused, enable_pdl)
 
 
 def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="auto",
