@@ -110,8 +110,7 @@ def test_env_var_tables_and_auto_config(tmp_path, monkeypatch):
     df.assign(num_splits=3).to_csv(tmp_path / "nvidia_h200" / "heuristics.csv", index=False)
     monkeypatch.setenv(selector.TABLES_ENV, str(tmp_path))
     monkeypatch.setattr(selector, "RESULTS_DIR", tmp_path / "shipped")
-    selector._load_cached.cache_clear()
-    selector._auto_cached.cache_clear()
+    selector.clear_lookup_caches()
     loaded = load_table_for_gpu("NVIDIA H200")
     assert loaded is not None and loaded is load_table_for_gpu("h200")  # cached
     shape = Shape("bf16", 128, 1, 32, 8, 1, 8192)
@@ -120,8 +119,7 @@ def test_env_var_tables_and_auto_config(tmp_path, monkeypatch):
     assert load_table_for_gpu("NVIDIA H200") is None
     assert auto_config(shape, "NVIDIA H200", 132).num_splits > 1  # analytic fallback
     assert auto_config(shape, "Unknown GPU", 20).validate()
-    selector._load_cached.cache_clear()
-    selector._auto_cached.cache_clear()
+    selector.clear_lookup_caches()
 
 
 def test_leave_one_out_and_fallback_vs_fa2():

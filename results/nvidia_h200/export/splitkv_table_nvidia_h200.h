@@ -4,9 +4,10 @@
 // select_config() implements the rule of splitkv_tune.selector.select_config with the same
 // integer arithmetic (so both choose identically): exact table hit; else interpolation among
 // rows of the same dtype/head_dim/causal/query-tile height (K=4 nearest in fixed-point log2
-// space over B*Hkv, Sk, Sq*G; split count from the inverse-distance weighted log2 of the
-// split kernel's CTA count); else the analytic wave-quantisation + combine cost model over
-// this GPU's profile. Returns false for shapes the kernel does not take.
+// space over B*Hkv, Sk, Sq*G, Sk's log2 rounded down to 1/64 octave; split count from the
+// inverse-distance weighted log2 of the split kernel's CTA count); else the analytic
+// wave-quantisation + combine cost model over this GPU's profile, at the first Sk of the
+// shape's 1/64-octave bucket. Returns false for shapes the kernel does not take.
 #ifndef SPLITKV_TUNE_TABLE_NVIDIA_H200_H_
 #define SPLITKV_TUNE_TABLE_NVIDIA_H200_H_
 
@@ -26,7 +27,7 @@ struct Row {
   std::int64_t batch, q_heads, kv_heads, q_len, kv_len;
   Config config;
   int block_m;                        // derived: query-tile height of the shape
-  std::int64_t x_bh, x_sk, x_rows;    // derived: log2_q16 of B*Hkv, Sk, Sq*G
+  std::int64_t x_bh, x_sk, x_rows;    // derived: log2_q16 of B*Hkv, Sk (1/64 octave), Sq*G
   std::int64_t log_ctas;              // derived: log2_q16(S * B*Hkv * m_blocks)
 };
 
@@ -68,6 +69,9 @@ constexpr std::int64_t kLaunchNs = 2000, kTileNs = 600, kMemLatencyNs = 700,
 constexpr int kBlockKv[] = {32, 64, 128};
 constexpr int kNumBlockKv = 3;
 constexpr std::int64_t kMaxSplits = 128, kKvStages = 2, kMaxDim = 2147483647;
+constexpr int kSkDropBits = 10;  // Sk's log2 is rounded down to 2^(kSkDropBits-16) octave
+// log2_q16(S) for S = 0..kMaxSplits (entry 0 unused): the interpolation's split search.
+constexpr std::int64_t kLogSplits[kMaxSplits + 1] = {0, 0, 65536, 103872, 131072, 152169, 169408, 183982, 196608, 207744, 217705, 226717, 234944, 242512, 249518, 256041, 262144, 267875, 273280, 278392, 283241, 287854, 292253, 296456, 300480, 304339, 308048, 311616, 315054, 318372, 321577, 324678, 327680, 330589, 333411, 336152, 338816, 341406, 343928, 346384, 348777, 351112, 353390, 355615, 357789, 359914, 361992, 364025, 366016, 367965, 369875, 371748, 373584, 375384, 377152, 378887, 380590, 382264, 383908, 385524, 387113, 388676, 390214, 391727, 393216, 394681, 396125, 397547, 398947, 400328, 401688, 403029, 404352, 405656, 406942, 408211, 409464, 410700, 411920, 413124, 414313, 415488, 416648, 417794, 418926, 420045, 421151, 422244, 423325, 424393, 425450, 426494, 427528, 428550, 429561, 430562, 431552, 432531, 433501, 434461, 435411, 436352, 437284, 438206, 439120, 440024, 440920, 441808, 442688, 443559, 444423, 445278, 446126, 446967, 447800, 448626, 449444, 450256, 451060, 451858, 452649, 453434, 454212, 454984, 455750, 456509, 457263, 458010, 458752};
 
 namespace detail {
 
@@ -86,6 +90,21 @@ inline std::int64_t log2_q16(std::uint64_t x) {
     if (y >= (std::uint64_t{1} << 31)) { y >>= 1; r |= std::int64_t{1} << i; }
   }
   return r;
+}
+
+inline std::int64_t sk_coord(std::int64_t sk) {
+  return log2_q16(static_cast<std::uint64_t>(sk)) >> kSkDropBits << kSkDropBits;
+}
+
+// The smallest Sk with sk's coordinate: where the fallback evaluates its model.
+inline std::int64_t sk_bucket_start(std::int64_t sk) {
+  const std::int64_t want = sk_coord(sk);
+  std::int64_t lo = std::int64_t{1} << (want >> 16), hi = sk;
+  while (lo < hi) {
+    std::int64_t mid = (lo + hi) / 2;
+    if (log2_q16(static_cast<std::uint64_t>(mid)) < want) lo = mid + 1; else hi = mid;
+  }
+  return lo;
 }
 
 inline int block_m_for(std::int64_t rows) { if (rows <= 16) return 16; return 64; }
@@ -206,7 +225,7 @@ inline bool select_config(int dtype, int head_dim, std::int64_t batch, std::int6
   const std::int64_t rows_all = q_len * (q_heads / kv_heads);
   const int bm = block_m_for(rows_all);
   const std::int64_t bh = batch * kv_heads, w = bh * ceil_div(rows_all, bm);
-  const std::int64_t x0 = log2_q16(bh), x1 = log2_q16(kv_len), x2 = log2_q16(rows_all);
+  const std::int64_t x0 = log2_q16(bh), x1 = sk_coord(kv_len), x2 = log2_q16(rows_all);
   std::int64_t nd[4];
   int ni[4];
   int n = 0;
@@ -222,7 +241,8 @@ inline bool select_config(int dtype, int head_dim, std::int64_t batch, std::int6
     if (j < 4) { nd[j] = d; ni[j] = i; }
   }
   if (n == 0) {
-    *out = finalize(analytic(s), s, true, kFbSmemPerBlock);
+    const Shape start{head_dim, batch, q_heads, kv_heads, q_len, sk_bucket_start(kv_len)};
+    *out = finalize(analytic(start), s, true, kFbSmemPerBlock);
     if (kind) *kind = kFallback;
     return true;
   }
@@ -237,9 +257,9 @@ inline bool select_config(int dtype, int head_dim, std::int64_t batch, std::int6
   }
   const std::int64_t target = num / den - log2_q16(static_cast<std::uint64_t>(w));
   const std::int64_t cap = max64(1, min64(kMaxSplits, ceil_div(kv_len, base.block_kv)));
+  // kLogSplits rises with S: the first S in [1, cap] from which the distance stops falling.
   std::int64_t best = 1;
-  for (std::int64_t sp = 2; sp <= cap; ++sp)
-    if (abs64(log2_q16(static_cast<std::uint64_t>(sp)) - target) < abs64(log2_q16(static_cast<std::uint64_t>(best)) - target)) best = sp;
+  while (best < cap && abs64(kLogSplits[best + 1] - target) < abs64(kLogSplits[best] - target)) ++best;
   base.num_splits = static_cast<int>(best);
   *out = base;
   return true;
