@@ -82,19 +82,30 @@ class KvLenLookup:
         widest = dataclasses.replace(shape, kv_len=MAX_DIM)  # _finalize without the S cap
         if cands:
             near, zero, splits = _interpolated_splits(cands, shape, coords)
-            per_bucket = []
-            for i, z, s in zip(near.tolist(), zero.tolist(), splits.tolist()):
-                base = _finalize(table.rows[i][1], widest, profile)
-                per_bucket.append(base if z else dataclasses.replace(base, num_splits=s))
+            # A bucket's answer: its nearest row's config, with the interpolated S unless the
+            # row is at distance 0; segments first, Config objects once per segment.
+            answers = [(i, None if z else s) for i, z, s in
+                       zip(near.tolist(), zero.tolist(), splits.tolist())]
+            bases = {i: _finalize(table.rows[i][1], widest, profile) for i, _ in set(answers)}
+
+            def make(answer):
+                base = bases[answer[0]]
+                return base if answer[1] is None else dataclasses.replace(base, num_splits=answer[1])
         else:
             splits, blocks = analytic_configs(shape, starts, fallback)
-            per_bucket = [_finalize(Config(s, b, 128, "blocks"), widest, profile or fallback)
-                          for s, b in zip(splits.tolist(), blocks.tolist())]
-        self.starts, self.configs = [], []
-        for start, cfg in zip(starts, per_bucket):
-            if not self.configs or cfg != self.configs[-1]:
-                self.starts.append(start)
-                self.configs.append(cfg)
+            answers = list(zip(splits.tolist(), blocks.tolist()))
+
+            def make(answer):
+                return _finalize(Config(answer[0], answer[1], 128, "blocks"), widest,
+                                 profile or fallback)
+        self.starts, self.configs, last = [], [], None
+        for start, answer in zip(starts, answers):
+            if answer != last:
+                cfg = make(answer)
+                if not self.configs or cfg != self.configs[-1]:
+                    self.starts.append(start)
+                    self.configs.append(cfg)
+                last = answer
         # From this Sk on a segment's S is below the cap ceil(Sk / block_kv).
         self.uncapped_from = [(c.num_splits - 1) * c.block_kv + 1 for c in self.configs]
         self.hits = {}
