@@ -155,12 +155,12 @@ def _write_reports(df: pd.DataFrame, out_csv, out_md, header: str) -> None:
 @shape_options
 @_exit_2_on_bad_input
 def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_md, **shape_kw):
-    """Regret (time / best - 1) of the selector, FA2's heuristic and S=1 per shape.
+    """Regret (time / best - 1) of the selector, the FA2, FA3 and SGLang rules and S=1 per shape.
 
     With --from-trials: every measured shape is held out of the table and selected from the
     rest (regret on shapes not in the table), plus the analytic fallback alone. Otherwise
     each shape (--shapes or the shape options) is timed on this GPU: the selected config,
-    FA2's, S=1 and every config of the search space (a grid YAML's own space and timing).
+    the baselines', S=1 and every config of the search space (a grid YAML's own space and timing).
     """
     from splitkv_tune import evaluation
     if trials is not None:

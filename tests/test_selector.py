@@ -4,7 +4,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from splitkv_tune import selector
+from splitkv_tune import evaluation, selector
 from splitkv_tune.evaluation import evaluate_trials, fallback_vs_fa2, shape_of
 from splitkv_tune.gpus import profile_for
 from splitkv_tune.selector import (HeuristicTable, auto_config, load_table_for_gpu, select_config,
@@ -127,7 +127,9 @@ def test_leave_one_out_and_fallback_vs_fa2():
     df = evaluate_trials(trials, "h200", leave_one_out=True)
     assert len(df) == len(read_heuristics(HEURISTICS))
     assert set(df["selector_kind"]) <= {"interpolated", "fallback"}  # never its own row
-    assert (df["selector_regret"] >= 0).all() and (df["fa2_regret"] >= 0).all()
+    for rule in ("selector", "fallback", "fa2", "fa3", "sglang"):
+        assert (df[f"{rule}_regret"] >= 0).all()
+        assert set(df[f"{rule}_match"]) <= set(evaluation.MATCHES)
     res = fallback_vs_fa2(trials, "h200")
     assert set(res) == {"fallback", "fa2", "better", "per_shape"}
     # The fixture's times come from the cost model itself, so the fallback must win here.
