@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import click
-import pandas as pd
 
 from splitkv_tune import tunables
 from splitkv_tune.gpus import profile_for, resolve_gpu
@@ -127,7 +126,7 @@ def _shapes_csv(path: str) -> list[Shape]:
     return shapes
 
 
-def _write_reports(df: pd.DataFrame, out_csv, out_md, header: str) -> None:
+def _write_reports(df, out_csv, out_md, header: str) -> None:
     from splitkv_tune.evaluation import to_markdown
     text = header + "\n" + to_markdown(df)
     click.echo(text)
@@ -179,6 +178,7 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
     problem = backend_problem(backend)
     if problem:
         _fail(problem)
+    import pandas as pd
     rows = [evaluation.measure_shape(s, gpu, {"backend": backend, **timing}, loaded, search_space)
             for s in shapes]
     _write_reports(pd.DataFrame(rows), out_csv, out_md,
