@@ -41,7 +41,8 @@ def _exit_2_on_bad_input(fn):
 def _load_table(table: str | None, gpu: str | None):
     """(HeuristicTable or None, description of where it came from)."""
     if table is not None:
-        df = read_heuristics(table, gpu=gpu)
+        from splitkv_tune.export import read_table_file
+        df = read_table_file(table, gpu=gpu)
         return HeuristicTable(df, gpu=gpu, source=table), table
     if gpu is None:
         _fail("name a GPU (--gpu) or a table (--table)")
@@ -80,7 +81,8 @@ def _shape_from(dtype, head_dim, batch, q_heads, kv_heads, q_len, kv_len, causal
 @click.command()
 @click.option("--gpu", default=None, help="GPU name or flag (h200, 'NVIDIA H200', ...)")
 @click.option("--table", type=click.Path(dir_okay=False), default=None,
-              help=f"heuristics.csv [default: ${TABLES_ENV}/<gpu>/ then results/<gpu>/]")
+              help=f"heuristics.csv or an exported .json [default: ${TABLES_ENV}/<gpu>/ then "
+                   "results/<gpu>/]")
 @shape_options
 @_exit_2_on_bad_input
 def select(gpu, table, **shape_kw):
@@ -187,31 +189,57 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
 
 @click.command()
 @click.option("--format", "fmt", type=click.Choice(["csv", "json", "cpp-header"]), required=True)
-@click.option("--gpu", default=None, help="GPU whose rows to export [default: the table's]")
-@click.option("--table", type=click.Path(dir_okay=False), default=None,
-              help="heuristics.csv [default: the --gpu table found like select does]")
+@click.option("--gpu", "gpus", multiple=True,
+              help="GPU whose rows to export [default: the table's]; repeat for a C++ header "
+                   "covering several GPUs")
+@click.option("--table", "tables", multiple=True, type=click.Path(dir_okay=False),
+              help="heuristics.csv [default: each --gpu's table found like select does]; "
+                   "repeat for a C++ header covering several GPUs")
 @click.option("-o", "--output", required=True, type=click.Path(),
               help="file (csv, cpp-header) or directory (json)")
 @_exit_2_on_bad_input
-def export(fmt, gpu, table, output):
-    """Export a heuristics table as CSV, per-device JSON files or a C++ header."""
+def export(fmt, gpus, tables, output):
+    """Export heuristics as CSV, per-device JSON files or a C++ header (one or several GPUs,
+    dispatched by device name)."""
     from splitkv_tune import export as ex
-    if table is None:
-        if gpu is None:
-            _fail("name a GPU (--gpu) or a table (--table)")
+    sources = _export_sources(gpus, tables)
+    if fmt != "cpp-header" and len(sources) != 1:
+        _fail(f"--format {fmt} exports one GPU's table: give one --table or --gpu")
+    if fmt == "cpp-header":
+        from splitkv_tune.export_cpp import export_cpp_header
+        parts = []
+        for table, gpu in sources:
+            df = read_heuristics(table, gpu=gpu)
+            for name in ([gpu] if gpu else sorted(set(df["gpu"]))):
+                parts.append(HeuristicTable(df, gpu=name, source=table))
+        paths = [export_cpp_header(parts, output)]
+    else:
+        (table, gpu), = sources
+        df = read_heuristics(table, gpu=gpu)
+        writer = ex.export_csv if fmt == "csv" else ex.export_json
+        written = writer(df, output, gpu, table)
+        paths = written if isinstance(written, list) else [written]
+    for p in paths:
+        click.echo(f"wrote {p}")
+
+
+def _export_sources(gpus, tables) -> list[tuple[str, str | None]]:
+    """(table path, GPU or None) pairs: each --table with the --gpu at its position (or the
+    one --gpu for all), or each --gpu's table found like select does."""
+    if tables:
+        if len(gpus) not in (0, 1, len(tables)):
+            _fail("give one --gpu, or one --gpu per --table")
+        names = list(gpus) * len(tables) if len(gpus) == 1 else list(gpus) or [None] * len(tables)
+        return list(zip(tables, names))
+    if not gpus:
+        _fail("name a GPU (--gpu) or a table (--table)")
+    sources = []
+    for gpu in gpus:
         path = table_path_for_gpu(gpu)
         if path is None:
             _fail(f"unknown GPU {gpu!r}: no table in ${TABLES_ENV} or results/{resolve_gpu(gpu)}/")
-        table = str(path)
-    df = read_heuristics(table, gpu=gpu)
-    if fmt == "csv":
-        paths = [ex.export_csv(df, output, gpu, table)]
-    elif fmt == "json":
-        paths = ex.export_json(df, output, gpu, table)
-    else:
-        paths = [ex.export_cpp_header(df, output, gpu, table)]
-    for p in paths:
-        click.echo(f"wrote {p}")
+        sources.append((str(path), gpu))
+    return sources
 
 
 @click.command()

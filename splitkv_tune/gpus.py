@@ -98,6 +98,27 @@ def resolve_gpu(name: str) -> str:
     return _aliases().get(norm, norm)
 
 
+def aliases_of(gpu: str) -> list[str]:
+    """The normalised names that resolve to ``gpu``'s profile (``[]`` for a GPU without one).
+
+    >>> aliases_of("h200")
+    ['h200', 'nvidia_h200']
+    """
+    key = resolve_gpu(gpu)
+    return sorted(a for a, k in _aliases().items() if k == key and key in load_profiles())
+
+
+def device_names(gpu: str) -> list[str]:
+    """vLLM-style device names of a GPU: its profile's aliases that are device names (they
+    contain a space, as ``torch.cuda.get_device_name()`` gives them) with ``_`` for spaces.
+
+    >>> device_names("h100"), device_names("some_gpu")
+    (['NVIDIA_H100_80GB_HBM3', 'NVIDIA_H100'], [])
+    """
+    raw = _raw_profiles(PROFILES_PATH).get(resolve_gpu(gpu), {})
+    return [a.replace(" ", "_") for a in raw.get("aliases", []) if " " in a]
+
+
 def profile_for(name: str) -> GpuProfile | None:
     """The profile of a GPU name or flag, or ``None`` when no profile matches."""
     return load_profiles().get(resolve_gpu(name))
