@@ -243,14 +243,22 @@ def _export_sources(gpus, tables) -> list[tuple[str, str | None]]:
 
 
 @click.command()
-@click.argument("path", type=click.Path(dir_okay=False))
+@click.argument("path", required=False, type=click.Path(dir_okay=False))
 @click.option("-o", "--output", default="best_splits.png", show_default=True,
               help="output directory or base name (PNG and SVG are written)")
 @click.option("--gpu", default="h200", show_default=True,
               help="GPU of a trials.csv (SM count for FA2's heuristic)")
+@click.option("--regret", "regret_csv", type=click.Path(dir_okay=False), default=None,
+              help="also plot each rule's regret per shape from an `evaluate --out-csv` file")
 @_exit_2_on_bad_input
-def plot(path, output, gpu):
-    """Heatmaps (best S, speed-ups, noise) and bandwidth curves of a heuristics or trials CSV."""
-    from splitkv_tune.plot import plot_all
-    for p in plot_all(path, output, gpu):
+def plot(path, output, gpu, regret_csv):
+    """Heatmaps (best S, speed-ups, noise) and bandwidth curves of a heuristics or trials CSV;
+    with --regret, the selector's and the baselines' regret per shape."""
+    from splitkv_tune.plot import plot_all, plot_regret
+    if path is None and regret_csv is None:
+        _fail("give a heuristics or trials CSV (PATH), or --regret EVAL.csv")
+    files = plot_all(path, output, gpu) if path is not None else []
+    if regret_csv is not None:
+        files += plot_regret(regret_csv, output)
+    for p in files:
         click.echo(f"wrote {p}")
