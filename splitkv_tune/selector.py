@@ -337,31 +337,38 @@ def load_table_for_gpu(gpu_name: str) -> HeuristicTable | None:
     return _load_cached(resolve_gpu(gpu_name), os.environ.get(TABLES_ENV))
 
 
-# (shape class, device, SM count, $SPLITKV_TUNE_TABLES) -> lookup.KvLenLookup
+# (shape class, device, SM count) -> lookup.KvLenLookup
 _CLASSES: dict = {}
 MAX_CLASSES = 4096
 
 
 def clear_lookup_caches() -> None:
-    """Forget the loaded tables and the precomputed classes (tables changed on disk)."""
+    """Forget the loaded tables and the precomputed classes: call it after changing
+    ``$SPLITKV_TUNE_TABLES`` or a table on disk in a running process."""
     _load_cached.cache_clear()
     _CLASSES.clear()
+
+
+def _new_class(shape: Shape, device_name: str, num_sms: int, key: tuple):
+    from splitkv_tune.lookup import KvLenLookup
+    if len(_CLASSES) >= MAX_CLASSES:
+        _CLASSES.clear()
+    table = _load_cached(resolve_gpu(device_name), os.environ.get(TABLES_ENV))
+    found = _CLASSES[key] = KvLenLookup(shape, table, device_name, num_sms)
+    return found
 
 
 def auto_config(shape: Shape, device_name: str, num_sms: int) -> Config:
     """What ``splitkv_attention(num_splits="auto")`` runs: :func:`select_shape`'s config.
 
-    The first call of a shape class (the shape but ``kv_len``) on a device precomputes the
-    answer for every ``kv_len`` (``splitkv_tune.lookup``); later calls, whatever their
+    The first call of a shape class (the shape but ``kv_len``) on a device finds the table
+    (``$SPLITKV_TUNE_TABLES`` as it is then, see :func:`clear_lookup_caches`) and precomputes
+    the answer for every ``kv_len`` (``splitkv_tune.lookup``); later calls, whatever their
     ``kv_len``, are a dict lookup and a bisection.
     """
     key = (shape.dtype, shape.head_dim, shape.causal, shape.batch, shape.q_heads,
-           shape.kv_heads, shape.q_len, device_name, num_sms, os.environ.get(TABLES_ENV))
+           shape.kv_heads, shape.q_len, device_name, num_sms)
     found = _CLASSES.get(key)
     if found is None:
-        from splitkv_tune.lookup import KvLenLookup
-        if len(_CLASSES) >= MAX_CLASSES:
-            _CLASSES.clear()
-        found = _CLASSES[key] = KvLenLookup(shape, _load_cached(resolve_gpu(device_name), key[-1]),
-                                            device_name, num_sms)
+        found = _new_class(shape, device_name, num_sms, key)
     return found.config(shape.kv_len)

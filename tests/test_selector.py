@@ -117,6 +117,8 @@ def test_env_var_tables_and_auto_config(tmp_path, monkeypatch):
     assert auto_config(shape, "NVIDIA H200", 132).num_splits == 3
     monkeypatch.setenv(selector.TABLES_ENV, str(tmp_path / "nothing"))
     assert load_table_for_gpu("NVIDIA H200") is None
+    assert auto_config(shape, "NVIDIA H200", 132).num_splits == 3  # classes keep their table
+    selector.clear_lookup_caches()
     assert auto_config(shape, "NVIDIA H200", 132).num_splits > 1  # analytic fallback
     assert auto_config(shape, "Unknown GPU", 20).validate()
     selector.clear_lookup_caches()
