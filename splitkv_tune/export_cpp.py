@@ -292,7 +292,9 @@ inline bool select_config(int dtype, int head_dim, std::int64_t batch, std::int6
   }
   if (n == 0) {
     const Shape start{head_dim, batch, q_heads, kv_heads, q_len, sk_bucket_start(kv_len)};
-    *out = finalize(analytic(start, num_sms > 0 ? num_sms : kSms), s, true, kFbSmemPerBlock);
+    // Two calls so that the profile's SM count stays a compile-time constant in the model.
+    *out = finalize(num_sms > 0 ? analytic(start, num_sms) : analytic(start, kSms), s, true,
+                    kFbSmemPerBlock);
     if (kind) *kind = kFallback;
     return true;
   }
