@@ -163,35 +163,59 @@ inline std::int64_t align_up(std::int64_t n) { return ceil_div(n, @ALIGN@) * @AL
 
 struct Shape { std::int64_t d, b, hq, hkv, sq, sk; };
 
-inline std::int64_t cost_ns(const Shape& s, std::int64_t splits, std::int64_t bkv, std::int64_t sms) {
-  std::int64_t rows_all = s.sq * (s.hq / s.hkv);
-  int bm = block_m_for(rows_all);
-  std::int64_t ctas = s.b * s.hkv * ceil_div(rows_all, bm) * splits;
-  std::int64_t keys = min64(ceil_div(ceil_div(s.sk, bkv), splits) * bkv, s.sk);
-  std::int64_t rows = min64(bm, rows_all);
-  std::int64_t out = splits > 1 ? rows * (s.d + 2) * 4 : rows * s.d * 2;
-  std::int64_t cta_bytes = keys * s.d * 4 + rows * s.d * 2 + out;
-  std::int64_t cta_flops = 4 * bm * keys * s.d;
-  std::int64_t slots = sms * max64(1, min64(kCtasPerSm, kFbSmemPerSm / smem_bytes(s.d, bkv, bm)));
-  std::int64_t tile_bytes = bkv * s.d * 4;
-  std::int64_t cta_bw = tile_bytes * 1000 / (kBlockNs + tile_bytes * 1000 / kCtaStreamMBps);
-  auto wave = [&](std::int64_t active) {
-    std::int64_t rate = min64(cta_bw / ceil_div(active, sms), kCopyBwMBps / active);
-    std::int64_t mem = cta_bytes * 1000 / max64(1, rate);
-    std::int64_t comp = cta_flops * ceil_div(active, sms) / kMmaFlopPerNsPerSm;
-    return kTileNs + max64(mem, comp);
-  };
-  std::int64_t full = ctas / slots, tail = ctas % slots;
-  std::int64_t t = kLaunchNs + full * wave(slots) + (tail ? wave(tail) : 0);
-  if (splits > 1) {
-    std::int64_t r = splits * s.b * s.hq * s.sq;
-    std::int64_t ws = align_up(r * s.d * 4) + 2 * align_up(r * 4);
-    std::int64_t comb_bw = 2 * ws <= kL2Bytes ? kCopyBwMBps * kL2SpeedupPct / 100 : kCopyBwMBps;
-    std::int64_t moved = ws + s.b * s.hq * s.sq * s.d * 2;
-    t += kLaunchNs + kMemLatencyNs + moved * 1000 / comb_bw + splits * kCombineSplitNs;
+// The analytic model of one shape (selector.analytic_cost_ns), with what does not depend on
+// the split count or the block size computed once: analytic() evaluates it 384 times.
+struct CostModelOf {
+  const Shape& s;
+  std::int64_t sms, bm, rows, base_ctas, q_bytes, out_split, out_whole;
+  std::int64_t combine[kMaxSplits + 1];  // combine kernel's modelled ns per split count
+
+  CostModelOf(const Shape& shape, std::int64_t num_sms) : s(shape), sms(num_sms) {
+    const std::int64_t rows_all = s.sq * (s.hq / s.hkv);
+    bm = block_m_for(rows_all);
+    rows = min64(bm, rows_all);
+    base_ctas = s.b * s.hkv * ceil_div(rows_all, bm);
+    q_bytes = rows * s.d * 2;
+    out_split = rows * (s.d + 2) * 4;
+    out_whole = rows * s.d * 2;
+    combine[0] = combine[1] = 0;
+    for (std::int64_t splits = 2; splits <= kMaxSplits; ++splits) {
+      std::int64_t r = splits * s.b * s.hq * s.sq;
+      std::int64_t ws = align_up(r * s.d * 4) + 2 * align_up(r * 4);
+      std::int64_t comb_bw = 2 * ws <= kL2Bytes ? kCopyBwMBps * kL2SpeedupPct / 100 : kCopyBwMBps;
+      std::int64_t moved = ws + s.b * s.hq * s.sq * s.d * 2;
+      combine[splits] = kLaunchNs + kMemLatencyNs + moved * 1000 / comb_bw + splits * kCombineSplitNs;
+    }
   }
-  return t;
-}
+
+  // Modelled ns of every split count 1..top with block bkv, into cost[1..top].
+  void costs(std::int64_t bkv, std::int64_t top, std::int64_t* cost) const {
+    const std::int64_t nblk = ceil_div(s.sk, bkv);
+    const std::int64_t slots = sms * max64(1, min64(kCtasPerSm, kFbSmemPerSm / smem_bytes(s.d, bkv, static_cast<int>(bm))));
+    const std::int64_t tile_bytes = bkv * s.d * 4;
+    const std::int64_t cta_bw = tile_bytes * 1000 / (kBlockNs + tile_bytes * 1000 / kCtaStreamMBps);
+    // A full wave's per-CTA rate: CTAs sharing an SM share its issue rate, all share DRAM.
+    const std::int64_t full_per_sm = ceil_div(slots, sms);
+    const std::int64_t full_rate = max64(1, min64(cta_bw / full_per_sm, kCopyBwMBps / slots));
+    for (std::int64_t splits = 1; splits <= top; ++splits) {
+      const std::int64_t keys = min64(ceil_div(nblk, splits) * bkv, s.sk);
+      const std::int64_t cta_bytes = keys * s.d * 4 + q_bytes + (splits > 1 ? out_split : out_whole);
+      const std::int64_t cta_flops = 4 * bm * keys * s.d;
+      const std::int64_t ctas = base_ctas * splits, full = ctas / slots, tail = ctas % slots;
+      std::int64_t t = kLaunchNs + combine[splits];
+      if (full) {
+        t += full * (kTileNs + max64(cta_bytes * 1000 / full_rate,
+                                     cta_flops * full_per_sm / kMmaFlopPerNsPerSm));
+      }
+      if (tail) {
+        const std::int64_t per_sm = ceil_div(tail, sms);
+        const std::int64_t rate = max64(1, min64(cta_bw / per_sm, kCopyBwMBps / tail));
+        t += kTileNs + max64(cta_bytes * 1000 / rate, cta_flops * per_sm / kMmaFlopPerNsPerSm);
+      }
+      cost[splits] = t;
+    }
+  }
+};
 
 inline Config finalize(Config c, const Shape& s, bool check_smem, std::int64_t smem_limit) {
   int bm = block_m_for(s.sq * (s.hq / s.hkv));
@@ -207,16 +231,15 @@ inline Config finalize(Config c, const Shape& s, bool check_smem, std::int64_t s
 }
 
 inline Config analytic(const Shape& s, std::int64_t sms) {
-  int bm = block_m_for(s.sq * (s.hq / s.hkv));
+  const CostModelOf model(s, sms);
   std::int64_t cost[kNumBlockKv][kMaxSplits + 1] = {};  // 0: block too large, or S past its blocks
   std::int64_t least = -1;
   for (int i = 0; i < kNumBlockKv; ++i) {
-    if (i != 0 && smem_bytes(s.d, kBlockKv[i], bm) > kFbSmemPerBlock) continue;
+    if (i != 0 && smem_bytes(s.d, kBlockKv[i], static_cast<int>(model.bm)) > kFbSmemPerBlock) continue;
     std::int64_t top = min64(kMaxSplits, ceil_div(s.sk, kBlockKv[i]));
-    for (std::int64_t sp = 1; sp <= top; ++sp) {
-      cost[i][sp] = cost_ns(s, sp, kBlockKv[i], sms);
+    model.costs(kBlockKv[i], top, cost[i]);
+    for (std::int64_t sp = 1; sp <= top; ++sp)
       if (least < 0 || cost[i][sp] < least) least = cost[i][sp];
-    }
   }
   // The fewest splits, then the largest block, within kTiePct of the least.
   for (std::int64_t sp = 1; sp <= kMaxSplits; ++sp) {
