@@ -3,6 +3,7 @@ import click
 
 from splitkv_tune.cli_tables import evaluate, export, plot, select
 from splitkv_tune.cli_tune import bench, compare, env, sweep, table
+from splitkv_tune.diff import diff_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -11,5 +12,8 @@ def main() -> None:
     """Tune and benchmark the split-KV FlashAttention kernel; export heuristic tables."""
 
 
-for command in (bench, sweep, table, compare, env, select, evaluate, export, plot):
+for command in (bench, sweep, table, compare, env, select, evaluate, export, plot, diff_command):
     main.add_command(command)
+
+if __name__ == "__main__":
+    main()

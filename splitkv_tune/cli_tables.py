@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import click
-import pandas as pd
 
 from splitkv_tune import tunables
 from splitkv_tune.gpus import profile_for, resolve_gpu
@@ -42,7 +41,8 @@ def _exit_2_on_bad_input(fn):
 def _load_table(table: str | None, gpu: str | None):
     """(HeuristicTable or None, description of where it came from)."""
     if table is not None:
-        df = read_heuristics(table, gpu=gpu)
+        from splitkv_tune.export import read_table_file
+        df = read_table_file(table, gpu=gpu)
         return HeuristicTable(df, gpu=gpu, source=table), table
     if gpu is None:
         _fail("name a GPU (--gpu) or a table (--table)")
@@ -81,7 +81,8 @@ def _shape_from(dtype, head_dim, batch, q_heads, kv_heads, q_len, kv_len, causal
 @click.command()
 @click.option("--gpu", default=None, help="GPU name or flag (h200, 'NVIDIA H200', ...)")
 @click.option("--table", type=click.Path(dir_okay=False), default=None,
-              help=f"heuristics.csv [default: ${TABLES_ENV}/<gpu>/ then results/<gpu>/]")
+              help=f"heuristics.csv or an exported .json [default: ${TABLES_ENV}/<gpu>/ then "
+                   "results/<gpu>/]")
 @shape_options
 @_exit_2_on_bad_input
 def select(gpu, table, **shape_kw):
@@ -127,7 +128,7 @@ def _shapes_csv(path: str) -> list[Shape]:
     return shapes
 
 
-def _write_reports(df: pd.DataFrame, out_csv, out_md, header: str) -> None:
+def _write_reports(df, out_csv, out_md, header: str) -> None:
     from splitkv_tune.evaluation import to_markdown
     text = header + "\n" + to_markdown(df)
     click.echo(text)
@@ -155,12 +156,12 @@ def _write_reports(df: pd.DataFrame, out_csv, out_md, header: str) -> None:
 @shape_options
 @_exit_2_on_bad_input
 def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_md, **shape_kw):
-    """Regret (time / best - 1) of the selector, FA2's heuristic and S=1 per shape.
+    """Regret (time / best - 1) of the selector, the FA2, FA3 and SGLang rules and S=1 per shape.
 
     With --from-trials: every measured shape is held out of the table and selected from the
     rest (regret on shapes not in the table), plus the analytic fallback alone. Otherwise
     each shape (--shapes or the shape options) is timed on this GPU: the selected config,
-    FA2's, S=1 and every config of the search space (a grid YAML's own space and timing).
+    the baselines', S=1 and every config of the search space (a grid YAML's own space and timing).
     """
     from splitkv_tune import evaluation
     if trials is not None:
@@ -179,6 +180,7 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
     problem = backend_problem(backend)
     if problem:
         _fail(problem)
+    import pandas as pd
     rows = [evaluation.measure_shape(s, gpu, {"backend": backend, **timing}, loaded, search_space)
             for s in shapes]
     _write_reports(pd.DataFrame(rows), out_csv, out_md,
@@ -187,42 +189,76 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
 
 @click.command()
 @click.option("--format", "fmt", type=click.Choice(["csv", "json", "cpp-header"]), required=True)
-@click.option("--gpu", default=None, help="GPU whose rows to export [default: the table's]")
-@click.option("--table", type=click.Path(dir_okay=False), default=None,
-              help="heuristics.csv [default: the --gpu table found like select does]")
+@click.option("--gpu", "gpus", multiple=True,
+              help="GPU whose rows to export [default: the table's]; repeat for a C++ header "
+                   "covering several GPUs")
+@click.option("--table", "tables", multiple=True, type=click.Path(dir_okay=False),
+              help="heuristics.csv [default: each --gpu's table found like select does]; "
+                   "repeat for a C++ header covering several GPUs")
 @click.option("-o", "--output", required=True, type=click.Path(),
               help="file (csv, cpp-header) or directory (json)")
 @_exit_2_on_bad_input
-def export(fmt, gpu, table, output):
-    """Export a heuristics table as CSV, per-device JSON files or a C++ header."""
+def export(fmt, gpus, tables, output):
+    """Export heuristics as CSV, per-device JSON files or a C++ header (one or several GPUs,
+    dispatched by device name)."""
     from splitkv_tune import export as ex
-    if table is None:
-        if gpu is None:
-            _fail("name a GPU (--gpu) or a table (--table)")
-        path = table_path_for_gpu(gpu)
-        if path is None:
-            _fail(f"unknown GPU {gpu!r}: no table in ${TABLES_ENV} or results/{resolve_gpu(gpu)}/")
-        table = str(path)
-    df = read_heuristics(table, gpu=gpu)
-    if fmt == "csv":
-        paths = [ex.export_csv(df, output, gpu, table)]
-    elif fmt == "json":
-        paths = ex.export_json(df, output, gpu, table)
+    sources = _export_sources(gpus, tables)
+    if fmt != "cpp-header" and len(sources) != 1:
+        _fail(f"--format {fmt} exports one GPU's table: give one --table or --gpu")
+    if fmt == "cpp-header":
+        from splitkv_tune.export_cpp import export_cpp_header
+        parts = []
+        for table, gpu in sources:
+            df = read_heuristics(table, gpu=gpu)
+            for name in ([gpu] if gpu else sorted(set(df["gpu"]))):
+                parts.append(HeuristicTable(df, gpu=name, source=table))
+        paths = [export_cpp_header(parts, output)]
     else:
-        paths = [ex.export_cpp_header(df, output, gpu, table)]
+        (table, gpu), = sources
+        df = read_heuristics(table, gpu=gpu)
+        writer = ex.export_csv if fmt == "csv" else ex.export_json
+        written = writer(df, output, gpu, table)
+        paths = written if isinstance(written, list) else [written]
     for p in paths:
         click.echo(f"wrote {p}")
 
 
+def _export_sources(gpus, tables) -> list[tuple[str, str | None]]:
+    """(table path, GPU or None) pairs: each --table with the --gpu at its position (or the
+    one --gpu for all), or each --gpu's table found like select does."""
+    if tables:
+        if len(gpus) not in (0, 1, len(tables)):
+            _fail("give one --gpu, or one --gpu per --table")
+        names = list(gpus) * len(tables) if len(gpus) == 1 else list(gpus) or [None] * len(tables)
+        return list(zip(tables, names))
+    if not gpus:
+        _fail("name a GPU (--gpu) or a table (--table)")
+    sources = []
+    for gpu in gpus:
+        path = table_path_for_gpu(gpu)
+        if path is None:
+            _fail(f"unknown GPU {gpu!r}: no table in ${TABLES_ENV} or results/{resolve_gpu(gpu)}/")
+        sources.append((str(path), gpu))
+    return sources
+
+
 @click.command()
-@click.argument("path", type=click.Path(dir_okay=False))
+@click.argument("path", required=False, type=click.Path(dir_okay=False))
 @click.option("-o", "--output", default="best_splits.png", show_default=True,
               help="output directory or base name (PNG and SVG are written)")
 @click.option("--gpu", default="h200", show_default=True,
               help="GPU of a trials.csv (SM count for FA2's heuristic)")
+@click.option("--regret", "regret_csv", type=click.Path(dir_okay=False), default=None,
+              help="also plot each rule's regret per shape from an `evaluate --out-csv` file")
 @_exit_2_on_bad_input
-def plot(path, output, gpu):
-    """Heatmaps (best S, speed-ups, noise) and bandwidth curves of a heuristics or trials CSV."""
-    from splitkv_tune.plot import plot_all
-    for p in plot_all(path, output, gpu):
+def plot(path, output, gpu, regret_csv):
+    """Heatmaps (best S, speed-ups, noise) and bandwidth curves of a heuristics or trials CSV;
+    with --regret, the selector's and the baselines' regret per shape."""
+    from splitkv_tune.plot import plot_all, plot_regret
+    if path is None and regret_csv is None:
+        _fail("give a heuristics or trials CSV (PATH), or --regret EVAL.csv")
+    files = plot_all(path, output, gpu) if path is not None else []
+    if regret_csv is not None:
+        files += plot_regret(regret_csv, output)
+    for p in files:
         click.echo(f"wrote {p}")

@@ -14,6 +14,7 @@ import math
 import pandas as pd
 
 from splitkv_tune import space
+from splitkv_tune.baselines import baseline_configs
 from splitkv_tune.gpus import profile_for, resolve_gpu
 from splitkv_tune.selector import GENERIC_PROFILE, HeuristicTable, select_shape
 from splitkv_tune.table_schema import SHAPE_COLUMNS
@@ -78,9 +79,10 @@ def heuristics_from_trials(trials: pd.DataFrame, gpu: str) -> pd.DataFrame:
 
 
 def evaluate_trials(trials: pd.DataFrame, gpu: str, leave_one_out: bool = True) -> pd.DataFrame:
-    """Per measured shape: regret of the selector, the analytic fallback alone, FA2's
-    heuristic and S=1. With ``leave_one_out`` the shape's own row is removed from the table
-    before selecting, so every selection is for a shape not in the table."""
+    """Per measured shape: regret of the selector, the analytic fallback alone, the
+    FA2, FA3 (varlen) and SGLang rules (``baselines``) and S=1. With ``leave_one_out``
+    the shape's own row is removed from the table before selecting, so every selection is
+    for a shape not in the table."""
     gpu = resolve_gpu(gpu)
     profile = profile_for(gpu) or GENERIC_PROFILE
     ok = _ok_trials(trials)
@@ -100,7 +102,7 @@ def evaluate_trials(trials: pd.DataFrame, gpu: str, leave_one_out: bool = True) 
         rec["best_us"] = best
         sel = select_shape(table, shape, gpu)
         rules = {"selector": sel.config, "fallback": select_shape(None, shape, gpu).config,
-                 "fa2": space.fa2_config(shape, profile.sms)}
+                 **baseline_configs(shape, profile.sms)}
         for name, cfg in rules.items():
             t, how = config_time(group, cfg)
             rec.update({f"{name}_splits": cfg.num_splits, f"{name}_us": t,
@@ -126,19 +128,21 @@ def fallback_vs_fa2(trials_df: pd.DataFrame, gpu: str = "nvidia_h200") -> dict:
 
 def measure_shape(shape: Shape, gpu: str, bench_kwargs: dict, table,
                   search_space: space.SearchSpace = space.SearchSpace()) -> dict:
-    """Time the selected config, FA2's, S=1 and every config of ``search_space``.
+    """Time the selected config, the baselines' (FA2, FA3, SGLang), S=1 and every config of
+    ``search_space``.
 
     ``bench_kwargs`` go to :class:`bench.ShapeBench` (``backend="reference"`` runs on the CPU).
     """
     from splitkv_tune.bench import ShapeBench
     profile = profile_for(gpu) or GENERIC_PROFILE
     sel = select_shape(table, shape, gpu)
-    fa2 = space.fa2_config(shape, profile.sms)
-    cands = space.candidate_configs(shape, search_space, smem_limit=profile.smem_per_block,
-                                    extra_splits=(sel.config.num_splits, fa2.num_splits))
+    bases = baseline_configs(shape, profile.sms)
+    cands = space.candidate_configs(
+        shape, search_space, smem_limit=profile.smem_per_block,
+        extra_splits=(sel.config.num_splits, *(c.num_splits for c in bases.values())))
     bench = ShapeBench(shape, num_sms=profile.sms, **bench_kwargs)
     times = {}
-    for cfg in dict.fromkeys(cands + [sel.config, fa2]):
+    for cfg in dict.fromkeys(cands + [sel.config, *bases.values()]):
         timing = bench.measure(cfg)
         times[cfg] = timing.median_us if timing.status == "ok" else float("nan")
     good = {c: t for c, t in times.items() if t == t}
@@ -149,14 +153,16 @@ def measure_shape(shape: Shape, gpu: str, bench_kwargs: dict, table,
     rec = {c: (int(shape.causal) if c == "causal" else getattr(shape, c)) for c in SHAPE_COLUMNS}
     rec.update(best_us=good[best_cfg], best_config=space.config_key(best_cfg),
                selector_config=space.config_key(sel.config), selector_kind=sel.kind,
-               selector_us=times[sel.config], fa2_config=space.config_key(fa2),
-               fa2_us=times[fa2], s1_us=s1)
-    for name in ("selector", "fa2", "s1"):
+               selector_us=times[sel.config], s1_us=s1)
+    for name, cfg in bases.items():
+        rec.update({f"{name}_config": space.config_key(cfg), f"{name}_us": times[cfg]})
+    for name in ("selector", *bases, "s1"):
         rec[f"{name}_regret"] = rec[f"{name}_us"] / rec["best_us"] - 1
     return rec
 
 
-def to_markdown(df: pd.DataFrame, names=("selector", "fallback", "fa2", "s1")) -> str:
+def to_markdown(df: pd.DataFrame,
+                names=("selector", "fallback", "fa2", "fa3", "sglang", "s1")) -> str:
     """A per-shape regret table and a summary line per rule, as markdown."""
     names = [n for n in names if f"{n}_regret" in df]
     head = ["dtype", "D", "causal", "B", "Hq", "Hkv", "Sq", "Sk", "best µs"] + [

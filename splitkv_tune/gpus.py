@@ -1,16 +1,22 @@
-"""GPU profiles (SMs, copy bandwidth, L2) and GPU name normalisation."""
+"""GPU profiles (SMs, copy bandwidth, L2) and GPU name normalisation.
+
+``configs/gpus.yaml`` is the source; ``splitkv_tune/gpu_profiles.py`` is its generated copy
+(``python -m splitkv_tune.gpus`` rewrites it, a test checks the two agree), read when the
+default profiles are asked for, so the run-time lookup imports no yaml.
+"""
 from __future__ import annotations
 
 import dataclasses
 import functools
+import pprint
 import re
+import sys
 from pathlib import Path
 
-import yaml
-
-from splitkv_tune.paths import data_dir
+from splitkv_tune.paths import PACKAGE_DIR, data_dir
 
 PROFILES_PATH = data_dir("configs") / "gpus.yaml"
+GENERATED_PATH = PACKAGE_DIR / "gpu_profiles.py"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,9 +44,29 @@ def normalize_gpu_name(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
+def read_profiles_yaml(path: Path = PROFILES_PATH) -> dict:
+    """The profiles file as written (the tools' reader; needs yaml)."""
+    import yaml
+    return yaml.safe_load(Path(path).read_text())
+
+
+def _raw_profiles(path: Path) -> dict:
+    if Path(path) == PROFILES_PATH:
+        from splitkv_tune.gpu_profiles import PROFILES
+        return PROFILES
+    return read_profiles_yaml(path)
+
+
+def render_profiles_module(path: Path = PROFILES_PATH) -> str:
+    """Text of ``gpu_profiles.py``: the YAML's profiles as a Python literal."""
+    return ('"""Generated from configs/gpus.yaml by `python -m splitkv_tune.gpus` -- do not edit."""\n'
+            "PROFILES = " + pprint.pformat(read_profiles_yaml(path), width=100, sort_dicts=True)
+            + "\n")
+
+
 @functools.lru_cache(maxsize=None)
 def load_profiles(path: Path = PROFILES_PATH) -> dict[str, GpuProfile]:
-    raw = yaml.safe_load(Path(path).read_text())
+    raw = _raw_profiles(path)
     return {key: GpuProfile(key, int(v["sms"]), float(v["copy_bw_gbps"]), int(v["l2_bytes"]),
                             int(v["smem_per_sm"]))
             for key, v in raw.items()}
@@ -48,7 +74,7 @@ def load_profiles(path: Path = PROFILES_PATH) -> dict[str, GpuProfile]:
 
 @functools.lru_cache(maxsize=None)
 def _aliases(path: Path = PROFILES_PATH) -> dict[str, str]:
-    raw = yaml.safe_load(Path(path).read_text())
+    raw = _raw_profiles(path)
     table = {}
     for key, v in raw.items():
         table[key] = key
@@ -72,6 +98,32 @@ def resolve_gpu(name: str) -> str:
     return _aliases().get(norm, norm)
 
 
+def aliases_of(gpu: str) -> list[str]:
+    """The normalised names that resolve to ``gpu``'s profile (``[]`` for a GPU without one).
+
+    >>> aliases_of("h200")
+    ['h200', 'nvidia_h200']
+    """
+    key = resolve_gpu(gpu)
+    return sorted(a for a, k in _aliases().items() if k == key and key in load_profiles())
+
+
+def device_names(gpu: str) -> list[str]:
+    """vLLM-style device names of a GPU: its profile's aliases that are device names (they
+    contain a space, as ``torch.cuda.get_device_name()`` gives them) with ``_`` for spaces.
+
+    >>> device_names("h100"), device_names("some_gpu")
+    (['NVIDIA_H100_80GB_HBM3', 'NVIDIA_H100'], [])
+    """
+    raw = _raw_profiles(PROFILES_PATH).get(resolve_gpu(gpu), {})
+    return [a.replace(" ", "_") for a in raw.get("aliases", []) if " " in a]
+
+
 def profile_for(name: str) -> GpuProfile | None:
     """The profile of a GPU name or flag, or ``None`` when no profile matches."""
     return load_profiles().get(resolve_gpu(name))
+
+
+if __name__ == "__main__":
+    GENERATED_PATH.write_text(render_profiles_module())
+    sys.stdout.write(f"wrote {GENERATED_PATH}\n")

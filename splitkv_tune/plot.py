@@ -7,7 +7,13 @@
 * ``<base>_speedup_s1`` / ``<base>_speedup_fa2`` - best time over S=1 and over
   FlashAttention-2's heuristic (trials only: they need every config's time);
 * ``<base>_bandwidth`` - achieved fraction of copy bandwidth of the winner against Sk;
-* ``<base>_noise`` - p80/p20 of the winner's samples.
+* ``<base>_noise`` - the winner's ``(p80 - p20) / median``, the quantity the tie rule uses;
+* ``<base>_regret`` (``plot_regret``, from an ``evaluate --out-csv`` file) - regret of the
+  selector and of each baseline rule per shape.
+
+Every figure's title names the GPU and the sweep run(s); each panel names its dtype, head
+dim, causality, Sq and G. Panels of one figure share one colour range, and a shape that was
+not measured is a hatched cell marked "n/a".
 
 ``out`` is a directory (files ``best_splits*``) or a base name (a ``.png``/``.svg`` suffix is
 dropped). Axes are log2 with ticks at the measured values (``4K`` = 4096).
@@ -84,13 +90,20 @@ def _save(fig, base: Path, suffix: str) -> list[Path]:
 
 def heatmap(df: pd.DataFrame, value: str, title: str, cbar: str, fmt, cmap="viridis",
             log_color: bool = False):
-    """A figure with one heatmap panel per (dtype, head_dim, causal, Sq, G) of ``df[value]``."""
+    """A figure with one heatmap panel per (dtype, head_dim, causal, Sq, G) of ``df[value]``,
+    all panels on one colour range."""
     panels = _panels(_with_work(df))
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 4.2 * nrows), squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
+    values = df[value].astype(float)
+    if log_color:
+        lim = {"vmin": 0, "vmax": math.log2(tunables.MAX_SPLITS)}
+    else:
+        lo, hi = float(values.min()), float(values.max())
+        lim = {"vmin": lo, "vmax": hi if hi > lo else lo + 1}
     for ax, (key, part) in zip(axes.flat, panels):
         bhs, sks = sorted(set(part["bh"])), sorted(set(part["kv_len"]))
         grid = np.full((len(bhs), len(sks)), np.nan)
@@ -99,16 +112,18 @@ def heatmap(df: pd.DataFrame, value: str, title: str, cbar: str, fmt, cmap="viri
             if np.isnan(grid[i, j]):
                 grid[i, j] = r[value]
         shown = np.log2(grid) if log_color else grid
-        lim = {"vmin": 0, "vmax": math.log2(tunables.MAX_SPLITS)} if log_color else {}
+        ax.set_facecolor("0.9")
+        ax.patch.set_hatch("//")  # shows through the masked (not measured) cells
         mesh = ax.pcolormesh(_edges(sks), _edges(bhs), np.ma.masked_invalid(shown), cmap=cmap,
                              **lim)
         for i, bh in enumerate(bhs):
             for j, sk in enumerate(sks):
-                if not np.isnan(grid[i, j]):
-                    ax.text(math.log2(sk), math.log2(bh), fmt(grid[i, j]), ha="center",
-                            va="center", fontsize=8, color="white",
-                            path_effects=[matplotlib.patheffects.withStroke(linewidth=2,
-                                                                            foreground="black")])
+                missing = np.isnan(grid[i, j])
+                ax.text(math.log2(sk), math.log2(bh), "n/a" if missing else fmt(grid[i, j]),
+                        ha="center", va="center", fontsize=8,
+                        color="0.35" if missing else "white",
+                        path_effects=[] if missing else [matplotlib.patheffects.withStroke(
+                            linewidth=2, foreground="black")])
         ax.set_xticks(np.log2(sks), [fmt_count(v) for v in sks])
         ax.set_yticks(np.log2(bhs), [fmt_count(v) for v in bhs])
         ax.set_xlabel("KV length Sk (tokens, log2 axis)")
@@ -122,6 +137,14 @@ def heatmap(df: pd.DataFrame, value: str, title: str, cbar: str, fmt, cmap="viri
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def run_label(heur: pd.DataFrame) -> str:
+    """``GPU nvidia_h200, run 2026...`` for a figure title."""
+    gpus = ", ".join(sorted(set(map(str, heur["gpu"])))) if "gpu" in heur else "unknown GPU"
+    runs = sorted(set(map(str, heur["run_id"]))) if "run_id" in heur else []
+    what = "run" if len(runs) == 1 else "runs"
+    return f"GPU {gpus}, {what} {', '.join(runs) if runs else 'unknown'}"
 
 
 def _winners_from_trials(trials: pd.DataFrame, gpu: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -171,20 +194,23 @@ def plot_all(path, out, gpu: str = "nvidia_h200") -> list[Path]:
     """Write every plot the input supports; return the files written."""
     heur, speed = read_any(path, gpu)
     base = out_base(out)
-    files = _save(heatmap(heur, "num_splits", "Best number of KV splits S", "S",
+    where = run_label(heur)
+    files = _save(heatmap(heur, "num_splits", f"Best number of KV splits S ({where})", "S",
                           lambda v: f"{v:.0f}", log_color=True), base, "")
     if speed is not None and len(speed):
         for col, what in (("speedup_s1", "S = 1"), ("speedup_fa2", "FlashAttention-2's heuristic")):
-            fig = heatmap(speed, col, f"Speed-up of the best config over {what}",
+            fig = heatmap(speed, col, f"Speed-up of the best config over {what} ({where})",
                           "speed-up (×)", lambda v: f"{v:.2f}", cmap="magma")
             files += _save(fig, base, "_" + col)
-    noisy = heur.assign(noise=heur["p80_us"] / heur["p20_us"]).dropna(subset=["noise"])
+    noisy = heur.assign(noise=(heur["p80_us"] - heur["p20_us"]) / heur["median_us"] * 100)
+    noisy = noisy.dropna(subset=["noise"])
     if len(noisy):
-        files += _save(heatmap(noisy, "noise", "Timing noise of the winner (p80 / p20)",
-                               "p80 / p20", lambda v: f"{v:.2f}", cmap="cividis"), base, "_noise")
+        files += _save(heatmap(noisy, "noise", "Timing noise of the winner, (p80 − p20) / median "
+                               f"(tie margin = max(this, 1%); {where})", "(p80 − p20) / median (%)",
+                               lambda v: f"{v:.1f}%", cmap="cividis"), base, "_noise")
     bw = _with_work(heur.dropna(subset=["frac_copy_bw"]))
     if len(bw):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig, ax = plt.subplots(figsize=(11, 5))
         for key, part in bw.groupby(["dtype", "head_dim", "causal", "q_len", "group", "bh"]):
             part = part.sort_values("kv_len")
             ax.plot(part["kv_len"], part["frac_copy_bw"], marker="o",
@@ -194,7 +220,46 @@ def plot_all(path, out, gpu: str = "nvidia_h200") -> list[Path]:
         ax.set_xlabel("KV length Sk (tokens, log2 axis)")
         ax.set_ylabel("achieved fraction of copy bandwidth")
         ax.set_ylim(0, max(1.0, float(bw["frac_copy_bw"].max()) * 1.05))
-        ax.set_title("Winner's bandwidth (bytes of Q, K, V, O / time) / copy bandwidth")
-        ax.legend(fontsize=6, ncol=2)
+        ax.set_title(f"Winner's bandwidth (bytes of Q, K, V, O / time) / copy bandwidth\n{where}",
+                     fontsize=10)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
+                  ncol=1 + len(ax.get_lines()) // 24)
         files += _save(fig, base, "_bandwidth")
     return files
+
+
+REGRET_RULES = ("selector", "fallback", "fa2", "fa3", "sglang", "s1")
+
+
+def plot_regret(path, out) -> list[Path]:
+    """Grouped bars of each rule's regret per shape, from an ``evaluate --out-csv`` file."""
+    df = _read_csv(path)
+    rules = [r for r in REGRET_RULES if f"{r}_regret" in df.columns]
+    missing = [c for c in SHAPE_COLUMNS if c not in df.columns]
+    if missing or not rules or not len(df):
+        raise TableError(path, "not an evaluation CSV (`evaluate --out-csv`): needs the shape "
+                               "columns and <rule>_regret columns" + (
+                                   f"; missing: {', '.join(missing)}" if missing else ""))
+    for col in [f"{r}_regret" for r in rules]:
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    labels = [f"{r.dtype} D{r.head_dim} c{r.causal} B{r.batch} Hq{r.q_heads} Hkv{r.kv_heads} "
+              f"Sq{r.q_len} Sk{fmt_count(int(r.kv_len))}" for r in df.itertuples()]
+    width = 0.8 / len(rules)
+    fig, ax = plt.subplots(figsize=(min(18.0, 4 + 0.6 * len(df)), 6.5))
+    x = np.arange(len(df))
+    for k, rule in enumerate(rules):
+        vals = df[f"{rule}_regret"].to_numpy() * 100
+        ax.bar(x + (k - (len(rules) - 1) / 2) * width, np.nan_to_num(vals, nan=0.0), width,
+               label=rule)
+        for xi in x[np.isnan(vals)]:
+            ax.text(xi + (k - (len(rules) - 1) / 2) * width, 0, "n/a", rotation=90, fontsize=7,
+                    ha="center", va="bottom", color="0.35")
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_ylabel("regret: time / best − 1 (%, symlog axis)")
+    ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=8)
+    gpus = ", ".join(sorted(set(map(str, df["gpu"])))) if "gpu" in df else Path(path).parent.name
+    fig.suptitle(f"Regret per shape of the selector and the baseline rules\n(GPU {gpus}; "
+                 f"{Path(path).name})", fontsize=11)
+    ax.legend(fontsize=9, ncol=len(rules), loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    fig.tight_layout()
+    return _save(fig, out_base(out), "_regret")

@@ -20,11 +20,10 @@ any problem raises :class:`TableError` naming the file and the problem.
 """
 from __future__ import annotations
 
+import csv
 import math
 import re
 from pathlib import Path
-
-import pandas as pd
 
 from splitkv_tune import tunables
 
@@ -132,15 +131,15 @@ def _parse_value(col: str, raw: str, optional=frozenset(_OPTIONAL)):
     return _parse_int(col, raw)
 
 
-def _validate_rows(df: pd.DataFrame, columns: list[str], source,
-                   optional=frozenset(_OPTIONAL)) -> pd.DataFrame:
-    missing = [c for c in columns if c not in df.columns]
+def _validate_records(present, rows, columns: list[str], source,
+                      optional=frozenset(_OPTIONAL)) -> list[dict]:
+    """Typed records from raw rows (tuples in ``columns`` order) of a table whose header
+    holds ``present``; plain Python, so the run-time lookup needs no pandas."""
+    missing = [c for c in columns if c not in present]
     if missing:
         raise TableError(source, "missing columns: " + ", ".join(missing))
-    if len(df) == 0:
-        raise TableError(source, "empty table (no rows)")
     records = []
-    for i, row in enumerate(df[columns].itertuples(index=False, name=None)):
+    for i, row in enumerate(rows):
         rec = {}
         for col, raw in zip(columns, row):
             raw = "" if raw is None or (isinstance(raw, float) and math.isnan(raw)) else str(raw)
@@ -152,10 +151,36 @@ def _validate_rows(df: pd.DataFrame, columns: list[str], source,
             raise TableError(source, f"row {i + 1} (line {i + 2}): q_heads ({rec['q_heads']}) "
                                      f"is not a multiple of kv_heads ({rec['kv_heads']})")
         records.append(rec)
+    if not records:
+        raise TableError(source, "empty table (no rows)")
+    return records
+
+
+def _validate_rows(df, columns: list[str], source, optional=frozenset(_OPTIONAL)):
+    import pandas as pd
+    if len(df) == 0 and all(c in df.columns for c in columns):
+        raise TableError(source, "empty table (no rows)")
+    rows = df[[c for c in columns if c in df.columns]].itertuples(index=False, name=None)
+    records = _validate_records(set(df.columns), rows, columns, source, optional)
     return pd.DataFrame.from_records(records, columns=columns)
 
 
-def validate_heuristics(df: pd.DataFrame, source="<table>") -> pd.DataFrame:
+def _check_heuristics_records(records: list[dict], source) -> None:
+    """Schema version and duplicate shapes, the checks a heuristics table adds to its cells."""
+    versions = sorted(set(r["schema_version"] for r in records))
+    if versions != [SCHEMA_VERSION]:
+        raise TableError(source, f"schema_version is {', '.join(map(str, versions))}, "
+                                 f"this tool reads version {SCHEMA_VERSION}")
+    seen = set()
+    for i, r in enumerate(records):
+        key = tuple(r[c] for c in ["gpu"] + SHAPE_COLUMNS)
+        if key in seen:
+            raise TableError(source, f"row {i + 1} (line {i + 2}): duplicate shape (same GPU "
+                                     "and shape as an earlier row)")
+        seen.add(key)
+
+
+def validate_heuristics(df, source="<table>"):
     """Check a raw heuristics table; return it typed, with only the schema's columns.
 
     Raises :class:`TableError` (file + problem) on missing columns, a wrong schema
@@ -163,6 +188,7 @@ def validate_heuristics(df: pd.DataFrame, source="<table>") -> pd.DataFrame:
     kernel's ranges, non-integers, names not matching ``[A-Za-z0-9_.-]+``, duplicate
     shapes and empty tables.
 
+    >>> import pandas as pd
     >>> row = dict(schema_version=1, gpu="nvidia_h200", dtype="bf16", head_dim=128, causal=0,
     ...            batch=1, q_heads=32, kv_heads=8, q_len=1, kv_len=4096, num_splits=16,
     ...            block_kv=64, reduce_threads=128, split_policy="blocks", median_us=9.5,
@@ -186,19 +212,12 @@ def validate_heuristics(df: pd.DataFrame, source="<table>") -> pd.DataFrame:
         if col not in df.columns:
             df[col] = None
     out = _validate_rows(df, HEURISTICS_COLUMNS, source)
-    versions = sorted(set(out["schema_version"]))
-    if versions != [SCHEMA_VERSION]:
-        raise TableError(source, f"schema_version is {', '.join(map(str, versions))}, "
-                                 f"this tool reads version {SCHEMA_VERSION}")
-    dup = out.duplicated(subset=["gpu"] + SHAPE_COLUMNS)
-    if dup.any():
-        i = int(dup.to_numpy().nonzero()[0][0])
-        raise TableError(source, f"row {i + 1} (line {i + 2}): duplicate shape (same GPU and "
-                                 "shape as an earlier row)")
+    _check_heuristics_records(out.to_dict("records"), source)
     return out
 
 
-def _read_csv(path) -> pd.DataFrame:
+def _read_csv(path):
+    import pandas as pd
     path = Path(path)
     try:
         return pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
@@ -210,7 +229,7 @@ def _read_csv(path) -> pd.DataFrame:
         raise TableError(path, f"not a readable CSV ({str(exc).strip()[:80]})") from None
 
 
-def read_heuristics(path, gpu: str | None = None) -> pd.DataFrame:
+def read_heuristics(path, gpu: str | None = None):
     """Read and validate ``heuristics.csv``; with ``gpu``, keep that GPU's rows only.
 
     A ``gpu`` with no rows in the table is an error naming the GPUs the table has.
@@ -227,7 +246,7 @@ def read_heuristics(path, gpu: str | None = None) -> pd.DataFrame:
     return df
 
 
-def validate_trials(df: pd.DataFrame, source="<trials>") -> pd.DataFrame:
+def validate_trials(df, source="<trials>"):
     """Check a raw ``trials.csv`` (one row per measured config) like :func:`validate_heuristics`.
 
     ``median_us``/``p20_us``/``p80_us``/``gbps``/``frac_copy_bw`` may be empty for failed trials.
@@ -246,6 +265,32 @@ def validate_trials(df: pd.DataFrame, source="<trials>") -> pd.DataFrame:
     return out
 
 
-def read_trials(path) -> pd.DataFrame:
+def read_trials(path):
     """Read and validate ``trials.csv``."""
     return validate_trials(_read_csv(path), path)
+
+
+def read_heuristics_records(path) -> list[dict]:
+    """:func:`read_heuristics` without pandas: the validated rows as plain dicts (the run-time
+    lookup's reader; same checks, same errors)."""
+    path = Path(path)
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f, skipinitialspace=True)
+            header = next(reader, None)
+            if header is None:
+                raise TableError(path, "empty file (no header, no rows)")
+            where = {c: i for i, c in enumerate(header)}
+            columns = [c for c in HEURISTICS_COLUMNS if c in where or c not in _OPTIONAL]
+            rows = [tuple(r[where[c]] if c in where and where[c] < len(r) else ""
+                          for c in columns) for r in reader if r]
+    except FileNotFoundError:
+        raise TableError(path, "no such file") from None
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise TableError(path, f"not a readable CSV ({str(exc).strip()[:80]})") from None
+    records = _validate_records(set(header), rows, columns, path)
+    for rec in records:
+        for col in HEURISTICS_COLUMNS:
+            rec.setdefault(col, None)
+    _check_heuristics_records(records, path)
+    return records

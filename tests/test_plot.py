@@ -4,7 +4,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from splitkv_tune.cli_tables import plot
+from splitkv_tune.cli_tables import evaluate, plot
 from splitkv_tune.plot import plot_all
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -41,3 +41,49 @@ def test_plots_from_heuristics_cli(tmp_path):
     # A heuristics table has no per-config times: no speed-up heatmaps.
     assert names == {f"h200{s}.{e}" for s in ("", "_noise", "_bandwidth") for e in ("png", "svg")}
     assert png_size(out)[0] >= 600
+
+
+def test_titles_name_gpu_and_run_and_panels_share_one_colour_range(tmp_path):
+    import matplotlib.collections
+
+    from splitkv_tune.plot import heatmap, read_any, run_label
+    from splitkv_tune.table_schema import read_heuristics
+    heur = read_heuristics(FIXTURES / "heuristics.csv")
+    assert run_label(heur) == "GPU nvidia_h200, run fixture-1"
+    fig = heatmap(heur.assign(x=heur["median_us"]), "x", "t", "µs", lambda v: f"{v:.0f}")
+    meshes = [c for ax in fig.axes for c in ax.collections
+              if isinstance(c, matplotlib.collections.QuadMesh)]
+    assert len(meshes) > 1
+    assert {(m.norm.vmin, m.norm.vmax) for m in meshes} == {
+        (heur["median_us"].min(), heur["median_us"].max())}
+    files = plot_all(FIXTURES / "heuristics.csv", tmp_path / "h")
+    svg = (tmp_path / "h_noise.svg").read_text()
+    assert "nvidia_h200" in svg and "fixture-1" in svg and "(p80 − p20) / median" in svg
+    assert len(files) == 6
+
+
+def test_missing_cell_is_marked(tmp_path):
+    from splitkv_tune.plot import heatmap
+    from splitkv_tune.table_schema import read_heuristics
+    heur = read_heuristics(FIXTURES / "heuristics.csv")
+    part = heur[(heur["dtype"] == "bf16") & (heur["head_dim"] == 128) & (heur["q_len"] == 1)]
+    fig = heatmap(part.iloc[1:], "num_splits", "t", "S", lambda v: f"{v:.0f}", log_color=True)
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert texts.count("n/a") >= 1
+
+
+def test_regret_plot_from_an_evaluation_csv(tmp_path):
+    ev = tmp_path / "ev.csv"
+    r = CliRunner().invoke(evaluate, ["--from-trials", str(FIXTURES / "trials.csv"), "--gpu",
+                                      "h200", "--out-csv", str(ev)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(plot, ["--regret", str(ev), "-o", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    svg = (tmp_path / "p_regret.svg").read_text()
+    for rule in ("selector", "fa2", "fa3", "sglang"):
+        assert rule in svg
+    assert png_size(tmp_path / "p_regret.png")[0] >= 600
+    r = CliRunner().invoke(plot, ["--regret", str(FIXTURES / "heuristics.csv")])
+    assert r.exit_code == 2 and "not an evaluation CSV" in r.output
+    r = CliRunner().invoke(plot, [])
+    assert r.exit_code == 2 and "--regret" in r.output

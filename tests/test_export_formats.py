@@ -1,0 +1,171 @@
+"""What servers load: JSON files with vLLM device names and a published JSON Schema that the
+project reads back, and one C++ header covering several GPUs with a dispatch by device name
+and SM count (checked against the Python selector)."""
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+from click.testing import CliRunner
+
+from splitkv_tune import tunables
+from splitkv_tune.cli_tables import export, select
+from splitkv_tune.export import SCHEMA_PATH, export_json, load_json, read_table_file
+from splitkv_tune.export_cpp import export_cpp_header
+from splitkv_tune.selector import HeuristicTable, select_shape
+from splitkv_tune.table_schema import TableError, read_heuristics
+from splitkv_tune.tunables import DTYPES, SPLIT_POLICIES
+
+ROOT = Path(__file__).resolve().parents[1]
+HEURISTICS = ROOT / "tests" / "fixtures" / "heuristics.csv"
+SHIPPED_JSON = sorted((ROOT / "results" / "nvidia_h200" / "export" / "json").glob("*.json"))
+SHAPE_ARGS = ["--q-heads", "32", "--kv-heads", "8", "--q-len", "1"]
+
+
+def _validator():
+    return jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+
+
+def test_schema_ships_inside_the_package_and_matches_the_kernel_ranges():
+    assert SCHEMA_PATH.parent.parent.name == "splitkv_tune"
+    schema = json.loads(SCHEMA_PATH.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    entry = schema["$defs"]["entry"]["properties"]
+    meta = schema["properties"]["_metadata"]["properties"]
+    assert entry["block_kv"]["enum"] == list(tunables.BLOCK_KV)
+    assert entry["reduce_threads"]["enum"] == list(tunables.REDUCE_THREADS)
+    assert entry["split_policy"]["enum"] == list(tunables.SPLIT_POLICIES)
+    assert entry["num_splits"]["maximum"] == tunables.MAX_SPLITS
+    assert meta["dtype"]["enum"] == list(tunables.DTYPES)
+    assert meta["head_dim"]["enum"] == list(tunables.HEAD_DIMS)
+
+
+@pytest.mark.parametrize("gpu,names", [("nvidia_h200", ["NVIDIA_H200"]),
+                                       ("nvidia_h100", ["NVIDIA_H100_80GB_HBM3", "NVIDIA_H100"]),
+                                       ("my_gpu_9000", ["MY_GPU_9000"])])
+def test_json_files_per_vllm_device_name_validate(tmp_path, gpu, names):
+    df = read_heuristics(HEURISTICS).assign(gpu=gpu)
+    paths = export_json(df, tmp_path)
+    combos = {(r.dtype, r.head_dim) for r in df.itertuples()}
+    assert sorted(p.name for p in paths) == sorted(
+        f"device_name={n},dtype={d},head_dim={h}.json" for n in names for d, h in combos)
+    validator = _validator()
+    for path in paths:
+        doc = json.loads(path.read_text())
+        assert not list(validator.iter_errors(doc)), path
+        meta = doc["_metadata"]
+        assert meta["gpu"] == gpu and meta["device_names"] == names
+        assert path.name.startswith(f"device_name={meta['device_name']},")
+
+
+def test_shipped_json_export_validates():
+    assert SHIPPED_JSON
+    for path in SHIPPED_JSON:
+        assert not list(_validator().iter_errors(json.loads(path.read_text()))), path
+
+
+def test_schema_rejects_what_the_reader_rejects(tmp_path):
+    path, = [p for p in export_json(read_heuristics(HEURISTICS), tmp_path)
+             if "bf16,head_dim=128" in p.name]
+    good = json.loads(path.read_text())
+    key = next(k for k in good if k != "_metadata")
+    bad_docs = [{**good, key: {**good[key], "num_splits": 0}},
+                {**good, key: {**good[key], "split_policy": 'x";system("x")'}},
+                {**good, "causal=2,batch=1": good[key]},
+                {**good, "_metadata": {**good["_metadata"], "schema_version": 2}}]
+    for i, doc in enumerate(bad_docs):
+        assert list(_validator().iter_errors(doc)), i
+        bad = tmp_path / f"bad{i}.json"
+        bad.write_text(json.dumps(doc))
+        with pytest.raises(TableError):
+            load_json([bad])
+
+
+def test_select_reads_the_json_export(tmp_path):
+    paths = export_json(read_heuristics(HEURISTICS), tmp_path)
+    json_path, = [p for p in paths if "bf16,head_dim=128" in p.name]
+    for kv_len in ("4096", "5000", "100000"):
+        args = SHAPE_ARGS + ["--kv-len", kv_len]
+        from_csv = CliRunner().invoke(select, ["--table", str(HEURISTICS)] + args)
+        from_json = CliRunner().invoke(select, ["--table", str(json_path)] + args)
+        assert from_json.exit_code == 0, from_json.output
+        assert from_json.output.splitlines()[0] == from_csv.output.splitlines()[0]
+    assert len(read_table_file(json_path, gpu="h200")) == sum(
+        1 for r in read_heuristics(HEURISTICS).itertuples() if (r.dtype, r.head_dim) == ("bf16", 128))
+    result = CliRunner().invoke(select, ["--table", str(tmp_path / "none.json")] + SHAPE_ARGS
+                                + ["--kv-len", "64"])
+    assert result.exit_code == 2 and "no such file" in result.output
+
+
+DISPATCH_DRIVER = r"""
+#include "tables.h"
+#include <cstdio>
+int main() {
+  char name[64]; long long sms; int dtype, d, causal; long long b, hq, hkv, sq, sk;
+  while (std::scanf("%63s %lld %d %d %lld %lld %lld %lld %lld %d", name, &sms, &dtype, &d, &b,
+                    &hq, &hkv, &sq, &sk, &causal) == 10) {
+    splitkv_tune::Config c{0, 0, 0, 0}; int kind = -1;
+    if (splitkv_tune::select_config_for_device(name, sms, dtype, d, b, hq, hkv, sq, sk,
+                                               causal != 0, &c, &kind))
+      std::printf("%d %d %d %d %d\n", c.num_splits, c.block_kv, c.reduce_threads,
+                  c.split_policy, kind);
+    else std::printf("none\n");
+  }
+}
+"""
+KINDS = {"hit": 0, "interpolated": 1, "fallback": 2}
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_one_header_for_several_gpus_dispatches_by_name_and_sms(tmp_path, random_shapes):
+    base = read_heuristics(HEURISTICS)
+    frames = {"nvidia_h200": base, "nvidia_l40s": base.assign(gpu="nvidia_l40s",
+                                                             num_splits=base["num_splits"] // 2 + 1)}
+    tables = {g: HeuristicTable(df) for g, df in frames.items()}
+    header = export_cpp_header(list(tables.values()), tmp_path / "tables.h")
+    assert "#ifndef SPLITKV_TUNE_TABLES_NVIDIA_H200_NVIDIA_L40S_H_" in header.read_text()
+    (tmp_path / "driver.cpp").write_text(DISPATCH_DRIVER)
+    exe = tmp_path / "driver"
+    subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-pedantic",
+                    str(tmp_path / "driver.cpp"), "-o", str(exe)], check=True, capture_output=True)
+    devices = [("NVIDIA_H200", "nvidia_h200"), ("NVIDIA_L40S", "nvidia_l40s"),
+               ("h200", "nvidia_h200"), ("NVIDIA_A100-SXM4-80GB", None)]
+    cases, want = [], []
+    for i, shape in enumerate(random_shapes(600, seed=9)):
+        name, gpu = devices[i % len(devices)]
+        sms = (132, 60, 142)[i % 3]
+        cases.append(f"{name} {sms} {DTYPES.index(shape.dtype)} {shape.head_dim} {shape.batch} "
+                     f"{shape.q_heads} {shape.kv_heads} {shape.q_len} {shape.kv_len} "
+                     f"{int(shape.causal)}\n")
+        if gpu is None:
+            want.append("none")
+            continue
+        try:
+            sel = select_shape(tables[gpu], shape, gpu, sms=sms)
+        except ValueError:
+            want.append("none")
+            continue
+        c = sel.config
+        want.append(f"{c.num_splits} {c.block_kv} {c.reduce_threads} "
+                    f"{SPLIT_POLICIES.index(c.split_policy)} {KINDS[sel.kind]}")
+    out = subprocess.run([str(exe)], input="".join(cases), capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    mismatches = [(c, g, w) for c, g, w in zip(cases, out, want) if g != w]
+    assert len(out) == len(cases) and not mismatches, mismatches[:5]
+    assert {w.split()[-1] for w in want if w != "none"} == {"0", "1", "2"}
+
+
+def test_cli_exports_one_header_for_several_gpus(tmp_path):
+    other = tmp_path / "l40s.csv"
+    read_heuristics(HEURISTICS).assign(gpu="nvidia_l40s").to_csv(other, index=False)
+    out = tmp_path / "t.h"
+    result = CliRunner().invoke(export, ["--format", "cpp-header", "--table", str(HEURISTICS),
+                                         "--table", str(other), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    assert "namespace gpu_nvidia_h200 {" in text and "namespace gpu_nvidia_l40s {" in text
+    result = CliRunner().invoke(export, ["--format", "json", "--table", str(HEURISTICS),
+                                         "--table", str(other), "-o", str(tmp_path / "j")])
+    assert result.exit_code == 2 and "exports one GPU's table" in result.output
