@@ -17,6 +17,12 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site
 fi
+# FlashInfer, an optional peer of compare (../shared/tools/flashinfer-wheelhouse.sh); its kernels
+# JIT-compile on first use.
+if compgen -G ".whl/flashinfer-*-trimmed.tar.xz" >/dev/null; then
+  tar -xJf .whl/flashinfer-*-trimmed.tar.xz -C /tmp/site
+  export FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=$(nproc)
+fi
 export SPLITKV_GIT_SHA=${SPLITKV_GIT_SHA:-$(cat .git-sha 2>/dev/null)} PYTHONUNBUFFERED=1 SPLITKV_CUDA_ARCHS=${SPLITKV_CUDA_ARCHS:-90} CMAKE_BUILD_PARALLEL_LEVEL=$(nproc)
 python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; cp "$out/build.log" "$dest/"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/nvidia-smi.txt"
@@ -80,8 +86,8 @@ for mode in "$@"; do
       ;;
     compare)
       timeout 300 splitkv-tune compare --grid quick --table results/$gpu/heuristics.csv --out results/$gpu/compare \
-        --peers "${PEERS:-sdpa_flash,sdpa_cudnn,flex}" --with-no-pdl --no-progress 2>&1 | tail -30 | tee "$out/compare.log"
-      timeout 120 splitkv-tune compare --grid configs/prefill.yaml --config 1,64,128,blocks --peers sdpa_flash,sdpa_cudnn \
+        --peers "${PEERS:-sdpa_flash,sdpa_cudnn,flex}" ${COMPARE_FLAGS:---with-no-pdl} --no-progress 2>&1 | tail -80 | tee "$out/compare.log"
+      [ -n "${SKIP_PREFILL:-}" ] || timeout 120 splitkv-tune compare --grid configs/prefill.yaml --config 1,64,128,blocks --peers sdpa_flash,sdpa_cudnn \
         --out results/$gpu/compare_prefill --no-progress 2>&1 | tail -8 | tee "$out/prefill.log"
       splitkv-tune env > "$out/env.txt" 2>&1
       ;;
