@@ -327,10 +327,11 @@ class ShapeBench:
     def launchers(self, config: Config) -> list[Callable[[], torch.Tensor]]:
         """One zero-argument callable per input set, each running ``config`` on its set.
 
-        ``config`` is resolved once. With ``workspace="default"`` the calls pass no workspace,
-        as a user's default call does (the extension's cached one eagerly, the graph pool's
-        under capture); with ``"preallocated"`` they share one buffer, sized for the split
-        count the launch resolves to ("auto" included), as a server may preallocate it.
+        With ``workspace="default"`` the calls are the user's default call: ``config`` as
+        given ("auto" resolved by ``splitkv_attention``) and no workspace (the extension's
+        cached one eagerly, the graph pool's under capture). With ``"preallocated"`` the
+        config is resolved once and the calls share one buffer sized for its split count, as a
+        server may preallocate it.
         """
         shape, c = self.shape, self.resolve(config)
         if self.backend == "reference":
@@ -340,8 +341,11 @@ class ShapeBench:
                                       block_kv=c.block_kv, split_policy=c.split_policy)
                     for q, k, v in self.inputs]
         from splitkv_tune import ops
-        workspace = (self._workspace(tunables.workspace_bytes(shape, c.num_splits))
-                     if self.workspace == "preallocated" else None)
+        workspace = None
+        if self.workspace == "preallocated":
+            workspace = self._workspace(tunables.workspace_bytes(shape, c.num_splits))
+        else:
+            c = config  # the default call: "auto" stays "auto", resolved by splitkv_attention
         return [functools.partial(ops.splitkv_attention, q, k, v, causal=shape.causal,
                                   softmax_scale=self.scale, num_splits=c.num_splits,
                                   block_kv=c.block_kv, reduce_threads=c.reduce_threads,

@@ -85,7 +85,7 @@ for mode in "$@"; do
       done | tee "$out/breakdown.log"
       ;;
     compare)
-      timeout 300 splitkv-tune compare --grid quick --table results/$gpu/heuristics.csv --out results/$gpu/compare \
+      timeout ${COMPARE_TIMEOUT:-300} splitkv-tune compare --grid quick ${COMPARE_TABLE---table results/$gpu/heuristics.csv} --out results/$gpu/compare \
         --peers "${PEERS:-sdpa_flash,sdpa_cudnn,flex}" ${COMPARE_FLAGS:---with-no-pdl} --no-progress 2>&1 | tail -80 | tee "$out/compare.log"
       [ -n "${SKIP_PREFILL:-}" ] || timeout 120 splitkv-tune compare --grid configs/prefill.yaml --config 1,64,128,blocks --peers sdpa_flash,sdpa_cudnn \
         --out results/$gpu/compare_prefill --no-progress 2>&1 | tail -8 | tee "$out/prefill.log"
