@@ -34,8 +34,11 @@ import dataclasses
 import math
 
 DTYPES = ("fp16", "bf16")
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128, 256)
 BLOCK_KV = (32, 64, 128)
+# The block_kv values instantiated per head dim. At 256 a 128-key block needs 270 KB of
+# shared memory for Q and two stages of K and V (smem_bytes), more than any GPU's 227 KB.
+BLOCK_KV_BY_HEAD_DIM = {64: BLOCK_KV, 96: BLOCK_KV, 128: BLOCK_KV, 256: (32, 64)}
 REDUCE_THREADS = (64, 128, 256)
 SPLIT_POLICIES = ("length", "blocks")
 MAX_SPLITS = 128
@@ -76,10 +79,10 @@ class Shape:
     def validate(self) -> "Shape":
         """Raise ``ValueError`` naming the field that is out of range.
 
-        >>> Shape("bf16", 96, 1, 8, 8, 1, 128).validate()
+        >>> Shape("bf16", 80, 1, 8, 8, 1, 128).validate()
         Traceback (most recent call last):
         ...
-        ValueError: head_dim must be one of (64, 128), got 96
+        ValueError: head_dim must be one of (64, 96, 128, 256), got 80
         """
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
@@ -158,6 +161,40 @@ class Config:
         return self
 
 
+def block_kvs_for(head_dim: int) -> tuple[int, ...]:
+    """The ``block_kv`` values instantiated at ``head_dim`` (codegen, validation, search space).
+
+    >>> block_kvs_for(256)
+    (32, 64)
+    """
+    return BLOCK_KV_BY_HEAD_DIM[head_dim]
+
+
+def check_block_kv(shape: Shape, config: Config) -> Config:
+    """``config`` itself when its ``block_kv`` is instantiated at the shape's head dim.
+
+    >>> check_block_kv(Shape("bf16", 256, 1, 8, 1, 1, 4096), Config(block_kv=128))
+    Traceback (most recent call last):
+    ...
+    ValueError: block_kv must be one of (32, 64) at head_dim 256, got 128
+    """
+    allowed = block_kvs_for(shape.head_dim)
+    if config.block_kv not in allowed:
+        raise ValueError(f"block_kv must be one of {allowed} at head_dim {shape.head_dim}, "
+                         f"got {config.block_kv}")
+    return config
+
+
+def lanes_per_row(head_dim: int) -> int:
+    """Lanes that fold one row of the merge (``kLanesPerRow`` in merge_state.h): one float4
+    each at 64 and 128, two float4 each at 256, three float2 each at 96.
+
+    >>> [lanes_per_row(d) for d in HEAD_DIMS]
+    [16, 16, 32, 32]
+    """
+    return 16 if head_dim in (64, 96) else 32
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -196,8 +233,8 @@ def smem_bytes(head_dim: int, block_kv: int, block_m: int) -> int:
     """Shared memory of one split-kernel CTA: Q tile and K and V stages, plus the P tile
     and the row exchange when the warps share key blocks.
 
-    >>> smem_bytes(128, 128, 16), smem_bytes(128, 32, 16)
-    (135168, 38400)
+    >>> smem_bytes(128, 128, 16), smem_bytes(128, 32, 16), smem_bytes(256, 64, 16), smem_bytes(256, 64, 64)
+    (135168, 38400, 139264, 163840)
     """
     warps_n = BLOCK_M[block_m][1]
     elems = block_m * head_dim + KV_STAGES * 2 * block_kv * head_dim
@@ -218,7 +255,8 @@ def check_merge(merge: str) -> str:
 
 
 def fused_merge_fits(shape: Shape) -> bool:
-    """Whether the fused merge of one query tile is one float4 per thread of the last CTA.
+    """Whether the fused merge of one query tile is one row fold per thread of the last CTA
+    (``lanes_per_row`` lanes per row, so one float4 per thread at head dims 64 and 128).
 
     Past that, the last CTA merges rows one after another and the combine kernel, spread over
     many CTAs, is faster (H200: 15% slower fused at Sq = 4, 56% at a 16-query causal chunk;
@@ -226,9 +264,11 @@ def fused_merge_fits(shape: Shape) -> bool:
 
     >>> [fused_merge_fits(Shape("bf16", 128, 1, 32, 8, q, 4096)) for q in (1, 2)]
     [True, False]
+    >>> [fused_merge_fits(Shape("bf16", 256, 1, g, 1, 1, 4096)) for g in (4, 8)]
+    [True, False]
     """
     rows = min(block_m_for(shape.packed_rows), shape.packed_rows)
-    return rows * shape.head_dim // 4 <= NUM_WARPS * 32
+    return rows * lanes_per_row(shape.head_dim) <= NUM_WARPS * 32
 
 
 def num_m_blocks(shape: Shape) -> int:
@@ -304,7 +344,8 @@ def kv_blocks(shape: Shape, block_kv: int) -> int:
 def fa2_num_splits(shape: Shape, num_sms: int, max_splits: int = MAX_SPLITS) -> int:
     """FlashAttention-2's split heuristic: the smallest S within 85% of the best wave efficiency.
 
-    It counts KV blocks of its own size (256 keys for head dim 64, 128 for 128). Its query
+    It counts KV blocks of its own size (256 keys up to head dim 64, 128 up to 128, 64 above;
+    ``flash_api.cpp``'s ``block_n``). Its query
     tile is 64 rows; for decode (Sq = 1) it packs the GQA heads into the query dimension,
     otherwise it counts query heads.
 
@@ -319,7 +360,7 @@ def fa2_num_splits(shape: Shape, num_sms: int, max_splits: int = MAX_SPLITS) -> 
         work = shape.batch * shape.q_heads * ceil_div(shape.q_len, 64)
     if work >= 0.8 * num_sms:
         return 1
-    n_blocks = ceil_div(shape.kv_len, 256 if shape.head_dim <= 64 else 128)
+    n_blocks = ceil_div(shape.kv_len, 256 if shape.head_dim <= 64 else 128 if shape.head_dim <= 128 else 64)
     limit = min(max_splits, num_sms, n_blocks)
 
     def eligible(s: int) -> bool:
