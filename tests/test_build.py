@@ -114,3 +114,6 @@ def test_extension_matches_tunables():
     for dt, hd, bm, bkv in codegen.split_instances():
         code = tunables.DTYPES.index(dt)
         assert ext.split_smem_bytes(code, hd, bm, bkv) == tunables.smem_bytes(hd, bkv, bm)
+    for hd in tunables.HEAD_DIMS:  # block_kv values a head dim leaves out are not built
+        for bkv in set(tunables.BLOCK_KV) - set(tunables.block_kvs_for(hd)):
+            assert all(ext.split_smem_bytes(0, hd, bm, bkv) == -1 for bm in tunables.BLOCK_M)
