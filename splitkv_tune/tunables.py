@@ -187,12 +187,12 @@ def check_block_kv(shape: Shape, config: Config) -> Config:
 
 def lanes_per_row(head_dim: int) -> int:
     """Lanes that fold one row of the merge (``kLanesPerRow`` in merge_state.h): one float4
-    each at 64 and 128, two float4 each at 256, three float2 each at 96.
+    each at 64 and 128, three floats each at 96, two float4 each at 256.
 
     >>> [lanes_per_row(d) for d in HEAD_DIMS]
-    [16, 16, 32, 32]
+    [16, 32, 32, 32]
     """
-    return 16 if head_dim in (64, 96) else 32
+    return 16 if head_dim == 64 else 32
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -18,11 +18,13 @@ namespace splitkv {
 // Each lane owns kVecsPerLane vectors of kVecWidth floats; vector v of lane u starts at column
 // v * kLanesPerRow * kVecWidth + u * kVecWidth, so one vector's loads by a row's lanes are
 // contiguous. 64 and 128: one float4 per lane; 256: two float4 per lane (a row has at most a
-// warp's 32 lanes); 96: three float2 per lane on 16 lanes (96 / 4 = 24 lanes do not tile a warp).
+// warp's 32 lanes); 96: three floats per lane on 32 lanes (96 / 4 = 24 lanes do not tile a warp,
+// and 16 lanes of three float2 hold 96 floats per 16-split round, which raised the split kernel
+// at bm16 kv32 to 190 registers, against 128 at D = 128).
 template <int kHeadDim>
-inline constexpr int kVecWidth = kHeadDim % 64 == 0 ? 4 : 2;
+inline constexpr int kVecWidth = kHeadDim % 64 == 0 ? 4 : 1;
 template <int kHeadDim>
-inline constexpr int kLanesPerRow = kHeadDim % 64 == 0 ? (kHeadDim / 4 < 32 ? kHeadDim / 4 : 32) : 16;
+inline constexpr int kLanesPerRow = kHeadDim % 64 == 0 && kHeadDim < 128 ? kHeadDim / 4 : 32;
 template <int kHeadDim>
 inline constexpr int kVecsPerLane = kHeadDim / (kLanesPerRow<kHeadDim> * kVecWidth<kHeadDim>);
 static_assert(kLanesPerRow<64> == 16 && kVecsPerLane<64> == 1 && kLanesPerRow<128> == 32 && kVecsPerLane<128> == 1,
@@ -39,8 +41,8 @@ struct FloatVec<4> {
   using type = float4;
 };
 template <>
-struct FloatVec<2> {
-  using type = float2;
+struct FloatVec<1> {
+  using type = float;
 };
 
 __device__ __forceinline__ void scale_vec(float4& a, float s) {
@@ -49,10 +51,7 @@ __device__ __forceinline__ void scale_vec(float4& a, float s) {
   a.z *= s;
   a.w *= s;
 }
-__device__ __forceinline__ void scale_vec(float2& a, float s) {
-  a.x *= s;
-  a.y *= s;
-}
+__device__ __forceinline__ void scale_vec(float& a, float s) { a *= s; }
 // a += b * w, one fma per float.
 __device__ __forceinline__ void fma_vec(float4& a, float4 b, float w) {
   a.x = fmaf(b.x, w, a.x);
@@ -60,10 +59,7 @@ __device__ __forceinline__ void fma_vec(float4& a, float4 b, float w) {
   a.z = fmaf(b.z, w, a.z);
   a.w = fmaf(b.w, w, a.w);
 }
-__device__ __forceinline__ void fma_vec(float2& a, float2 b, float w) {
-  a.x = fmaf(b.x, w, a.x);
-  a.y = fmaf(b.y, w, a.y);
-}
+__device__ __forceinline__ void fma_vec(float& a, float b, float w) { a = fmaf(b, w, a); }
 
 template <int kHeadDim>
 struct MergeState {
@@ -168,7 +164,7 @@ __device__ __forceinline__ void store_merged(const MergeState<kHeadDim>& state, 
                                              int64_t o_batch_stride, int64_t o_row_stride, int64_t o_head_stride,
                                              int q_heads, int q_len, int b, int h_q, int q_idx, int lane) {
   constexpr int kWidth = kVecWidth<kHeadDim>;
-  using Packed = std::conditional_t<kWidth == 4, uint2, uint32_t>;  // kWidth elements of 16 bits
+  using Packed = std::conditional_t<kWidth == 4, uint2, uint16_t>;  // kWidth elements of 16 bits
   Element* dst = static_cast<Element*>(out) + b * o_batch_stride + q_idx * o_row_stride + h_q * o_head_stride +
                  lane * kWidth;
 #pragma unroll
