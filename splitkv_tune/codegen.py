@@ -25,7 +25,16 @@ def _array(name: str, values) -> str:
 def split_instances():
     """(dtype, head_dim, block_m, block_kv) of every split-kernel instantiation."""
     return [(dt, hd, bm, bkv) for dt in tunables.DTYPES for hd in tunables.HEAD_DIMS
-            for bm in tunables.BLOCK_M for bkv in tunables.BLOCK_KV]
+            for bm in tunables.BLOCK_M for bkv in tunables.block_kvs_for(hd)]
+
+
+def _block_kv_rule() -> str:
+    """A constexpr function saying which block_kv values are instantiated at each head dim."""
+    cases = "".join(f"  if (head_dim == {hd}) return is_allowed(kBlockKVsHd{hd}, block_kv);\n"
+                    for hd in tunables.HEAD_DIMS)
+    arrays = "".join(_array(f"kBlockKVsHd{hd}", tunables.block_kvs_for(hd)) for hd in tunables.HEAD_DIMS)
+    return (arrays + "constexpr bool block_kv_allowed(int head_dim, int block_kv) {\n"
+            + cases + "  return false;\n}\n\n")
 
 
 def header_text() -> str:
@@ -44,6 +53,7 @@ def header_text() -> str:
             + f"inline constexpr int kWorkspaceAlign = {tunables.WORKSPACE_ALIGN};\n\n"
             + "template <int N>\nconstexpr bool is_allowed(const int (&values)[N], int v) {\n"
             + "  for (int x : values) if (x == v) return true;\n  return false;\n}\n\n"
+            + _block_kv_rule()
             + "// X(Element, kHeadDim, kBlockM, kBlockKV)\n"
             + f"#define SPLITKV_FOR_EACH_SPLIT_KERNEL(X) \\\n{split_list}\n\n"
             + "// X(Element, kHeadDim, kThreads)\n"

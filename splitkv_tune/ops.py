@@ -123,7 +123,7 @@ def resolve_config(shape: Shape, device_index: int, num_splits="auto", block_kv=
         if _is_auto(num_splits):
             cap = tunables.kv_blocks(shape, given["block_kv"])
             given["num_splits"] = max(1, min(given["num_splits"], cap))
-    return Config(**given).validate()
+    return tunables.check_block_kv(shape, Config(**given).validate())
 
 
 def resolve_merge(shape: Shape, config: Config, merge: str = "auto") -> str:

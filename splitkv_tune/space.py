@@ -21,8 +21,9 @@ Per shape, the candidates are the product of the space lists with these constrai
 * ``num_splits <= ceil(kv_len / block_kv)`` (more splits than KV blocks only adds empty
   splits); FlashAttention-2's ``S`` and any extra ``S`` (the current table winner) are
   always added to the list when they satisfy that bound.
-* the split kernel's shared memory fits the GPU (``tunables.smem_bytes``) when a GPU
-  profile is known.
+* ``block_kv`` is instantiated at the shape's head dim (``tunables.block_kvs_for``: 32 and 64
+  at D=256), and the split kernel's shared memory fits the GPU (``tunables.smem_bytes``) when
+  a GPU profile is known.
 * ``split_policy`` is only varied where it changes the split ranges (causal shapes, or
   ``kv_len`` not a whole number of blocks per split); elsewhere only ``blocks`` is tried.
 """
@@ -93,9 +94,15 @@ def config_key(config: Config) -> str:
 
 def fa2_config(shape: Shape, num_sms: int) -> Config:
     """FlashAttention-2's choice for ``shape``: its split count (blocks counted with its own
-    KV block, 128 for D=128 and 256 for D=64), launched with ``block_kv=128``."""
+    KV block, 256 keys for D=64, 128 up to D=128, 64 above), launched with ``block_kv=128``,
+    or the largest block instantiated at the head dim (64 at D=256).
+
+    >>> fa2_config(Shape("bf16", 256, 2, 8, 1, 1, 40000), 132).block_kv
+    64
+    """
     splits = tunables.fa2_num_splits(shape, num_sms)
-    return Config(num_splits=splits, block_kv=128, reduce_threads=128, split_policy="blocks")
+    block_kv = min(128, max(tunables.block_kvs_for(shape.head_dim)))
+    return Config(num_splits=splits, block_kv=block_kv, reduce_threads=128, split_policy="blocks")
 
 
 def policy_matters(shape: Shape, num_splits: int, block_kv: int) -> bool:
@@ -124,11 +131,15 @@ def candidate_configs(shape: Shape, space: SearchSpace = SearchSpace(), *,
     ...                           SearchSpace(block_kv=(64, 128), reduce_threads=(128,)))
     >>> sorted({c.num_splits for c in cands}), len(cands)
     ([1, 2, 3, 4], 7)
+    >>> sorted({c.block_kv for c in candidate_configs(Shape("bf16", 256, 1, 8, 1, 1, 4096))})
+    [32, 64]
     """
     splits = sorted(set(space.num_splits) | {int(s) for s in extra_splits})
     block_m = tunables.block_m_for(shape.packed_rows)
     out = []
     for block_kv in sorted(space.block_kv):
+        if block_kv not in tunables.block_kvs_for(shape.head_dim):
+            continue
         if smem_limit is not None and tunables.smem_bytes(shape.head_dim, block_kv,
                                                           block_m) > smem_limit:
             continue

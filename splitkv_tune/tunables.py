@@ -45,8 +45,11 @@ except ImportError as err:  # pragma: no cover - a broken install
                       "reinstall with `pip install -e .`") from err
 
 DTYPES = ("fp16", "bf16")
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128, 256)
 BLOCK_KV = (32, 64, 128)
+# The block_kv values instantiated per head dim. At 256 a 128-key block needs 270 KB of
+# shared memory for Q and two stages of K and V (smem_bytes), more than any GPU's 227 KB.
+BLOCK_KV_BY_HEAD_DIM = {64: BLOCK_KV, 96: BLOCK_KV, 128: BLOCK_KV, 256: (32, 64)}
 REDUCE_THREADS = (64, 128, 256)
 SPLIT_POLICIES = ("length", "blocks")
 MAX_SPLITS = 128
@@ -86,10 +89,10 @@ class Shape:
     def validate(self) -> "Shape":
         """Raise ``ValueError`` naming the field that is out of range.
 
-        >>> Shape("bf16", 96, 1, 8, 8, 1, 128).validate()
+        >>> Shape("bf16", 80, 1, 8, 8, 1, 128).validate()
         Traceback (most recent call last):
         ...
-        ValueError: head_dim must be one of (64, 128), got 96
+        ValueError: head_dim must be one of (64, 96, 128, 256), got 80
         """
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
@@ -168,6 +171,40 @@ class Config:
         return self
 
 
+def block_kvs_for(head_dim: int) -> tuple[int, ...]:
+    """The ``block_kv`` values instantiated at ``head_dim`` (codegen, validation, search space).
+
+    >>> block_kvs_for(256)
+    (32, 64)
+    """
+    return BLOCK_KV_BY_HEAD_DIM[head_dim]
+
+
+def check_block_kv(shape: Shape, config: Config) -> Config:
+    """``config`` itself when its ``block_kv`` is instantiated at the shape's head dim.
+
+    >>> check_block_kv(Shape("bf16", 256, 1, 8, 1, 1, 4096), Config(block_kv=128))
+    Traceback (most recent call last):
+    ...
+    ValueError: block_kv must be one of (32, 64) at head_dim 256, got 128
+    """
+    allowed = block_kvs_for(shape.head_dim)
+    if config.block_kv not in allowed:
+        raise ValueError(f"block_kv must be one of {allowed} at head_dim {shape.head_dim}, "
+                         f"got {config.block_kv}")
+    return config
+
+
+def lanes_per_row(head_dim: int) -> int:
+    """Lanes that fold one row of the merge (``kLanesPerRow`` in merge_state.h): one float4
+    each at 64 and 128, three floats each at 96, two float4 each at 256.
+
+    >>> [lanes_per_row(d) for d in HEAD_DIMS]
+    [16, 32, 32, 32]
+    """
+    return _rules.lanes_per_row(head_dim)
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -223,8 +260,8 @@ def warps_own_keys(block_m: int, block_kv: int) -> bool:
 def smem_bytes(head_dim: int, block_kv: int, block_m: int) -> int:
     """Shared memory of one split-kernel CTA (rules.h; both element types are 2 bytes).
 
-    >>> smem_bytes(128, 128, 16), smem_bytes(128, 32, 16)
-    (135168, 38400)
+    >>> smem_bytes(128, 128, 16), smem_bytes(128, 32, 16), smem_bytes(256, 64, 16), smem_bytes(256, 64, 64)
+    (135168, 38400, 139264, 163840)
     """
     return _rules.smem_bytes(2, head_dim, block_m, block_kv)
 
@@ -241,13 +278,16 @@ def check_merge(merge: str) -> str:
 
 
 def fused_merge_fits(shape: Shape) -> bool:
-    """Whether the fused merge of one query tile is one float4 per thread of the last CTA.
+    """Whether the fused merge of one query tile is one row fold per thread of the last CTA
+    (``lanes_per_row`` lanes per row, so one float4 per thread at head dims 64 and 128).
 
     Past that, the last CTA merges rows one after another and the combine kernel, spread over
     many CTAs, is faster (H200: 15% slower fused at Sq = 4, 56% at a 16-query causal chunk;
     ``docs/PERFORMANCE.md``).
 
     >>> [fused_merge_fits(Shape("bf16", 128, 1, 32, 8, q, 4096)) for q in (1, 2)]
+    [True, False]
+    >>> [fused_merge_fits(Shape("bf16", 256, 1, g, 1, 1, 4096)) for g in (4, 8)]
     [True, False]
     """
     return _rules.fused_merge_fits(shape.packed_rows, shape.head_dim)
@@ -312,7 +352,8 @@ def kv_blocks(shape: Shape, block_kv: int) -> int:
 def fa2_num_splits(shape: Shape, num_sms: int, max_splits: int = MAX_SPLITS) -> int:
     """FlashAttention-2's split heuristic: the smallest S within 85% of the best wave efficiency.
 
-    It counts KV blocks of its own size (256 keys for head dim 64, 128 for 128). Its query
+    It counts KV blocks of its own size (256 keys up to head dim 64, 128 up to 128, 64 above;
+    ``flash_api.cpp``'s ``block_n``). Its query
     tile is 64 rows; for decode (Sq = 1) it packs the GQA heads into the query dimension,
     otherwise it counts query heads.
 
@@ -327,7 +368,7 @@ def fa2_num_splits(shape: Shape, num_sms: int, max_splits: int = MAX_SPLITS) -> 
         work = shape.batch * shape.q_heads * ceil_div(shape.q_len, 64)
     if work >= 0.8 * num_sms:
         return 1
-    n_blocks = ceil_div(shape.kv_len, 256 if shape.head_dim <= 64 else 128)
+    n_blocks = ceil_div(shape.kv_len, 256 if shape.head_dim <= 64 else 128 if shape.head_dim <= 128 else 64)
     limit = min(max_splits, num_sms, n_blocks)
 
     def eligible(s: int) -> bool:

@@ -1,10 +1,11 @@
 """Build-side checks that need no GPU: generated files are current, and the kernels compile.
 
 The compile checks run nvcc for sm_90 on one instantiation of each kernel template (the
-decode and the prefill tile of the split kernel, the combine kernel), the dispatch table
-and the torch binding, so a compile break fails CI without a GPU. The traits static_assert
-that their CuTe layouts take the shared memory rules.h counts, so these compiles also check
-the host's rule against the kernel's. They skip when nvcc
+decode and the prefill tile of the split kernel, the combine kernel), on each of them again at
+head dims 96 and 256 (other swizzle atoms and copies, Q read from shared memory, the fold's
+wider lanes), the dispatch table and the torch binding, so a compile break fails CI without a
+GPU. The traits static_assert that their CuTe layouts take the shared memory rules.h counts,
+so these compiles also check the host's rule against the kernel's. They skip when nvcc
 or the CUTLASS headers are missing; ``SPLITKV_SKIP_NVCC=1`` skips them on purpose.
 """
 import concurrent.futures
@@ -34,6 +35,17 @@ def test_every_instantiation_is_generated():
     assert len(names) == len(codegen.split_instances()) + len(tunables.DTYPES) * len(tunables.HEAD_DIMS)
 
 
+def test_block_kv_per_head_dim():
+    """Only the block_kv values of a head dim are instantiated, and every instantiation's
+    shared memory fits sm_80's 163 KB opt-in limit (sm_90: 227 KB)."""
+    got = {(hd, bkv) for _, hd, _, bkv in codegen.split_instances()}
+    assert got == {(hd, bkv) for hd in tunables.HEAD_DIMS for bkv in tunables.block_kvs_for(hd)}
+    assert set(tunables.BLOCK_KV_BY_HEAD_DIM) == set(tunables.HEAD_DIMS)
+    assert all(set(v) <= set(tunables.BLOCK_KV) for v in tunables.BLOCK_KV_BY_HEAD_DIM.values())
+    assert max(tunables.smem_bytes(hd, bkv, bm) for _, hd, bm, bkv in codegen.split_instances()) <= 163 * 1024
+    assert tunables.smem_bytes(256, 128, 16) > 227 * 1024  # why 256 stops at block_kv 64
+
+
 def _cutlass_include():
     try:
         import cutlass_library
@@ -46,8 +58,10 @@ def _cutlass_include():
 def _compile_inputs():
     inst = codegen.INST_DIR
     return [inst / "split_bf16_hd128_bm16_bkv64.cu", inst / "split_bf16_hd128_bm16_bkv32.cu",
-            inst / "split_fp16_hd64_bm64_bkv32.cu",
-            inst / "combine_bf16_hd128.cu", ROOT / "kernels" / "dispatch.cu"]
+            inst / "split_fp16_hd64_bm64_bkv32.cu", inst / "split_bf16_hd256_bm16_bkv64.cu",
+            inst / "split_fp16_hd96_bm16_bkv64.cu", inst / "split_bf16_hd256_bm64_bkv64.cu",
+            inst / "split_fp16_hd96_bm64_bkv128.cu", inst / "combine_bf16_hd128.cu",
+            inst / "combine_bf16_hd256.cu", inst / "combine_fp16_hd96.cu", ROOT / "kernels" / "dispatch.cu"]
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +137,6 @@ def test_extension_matches_tunables():
     for dt, hd, bm, bkv in codegen.split_instances():
         code = tunables.dtype_codes()[dt]
         assert ext.split_smem_bytes(code, hd, bm, bkv) == tunables.smem_bytes(hd, bkv, bm)
+    for hd in tunables.HEAD_DIMS:  # block_kv values a head dim leaves out are not built
+        for bkv in set(tunables.BLOCK_KV) - set(tunables.block_kvs_for(hd)):
+            assert all(ext.split_smem_bytes(0, hd, bm, bkv) == -1 for bm in tunables.BLOCK_M)

@@ -47,7 +47,7 @@ def _edge_shapes():
                 Shape("bf16", 128, 2**16, 2**16, 2**16, 1, 2**8),
                 Shape("bf16", 128, 1, 32, 8, 2**27, 2**13), Shape("bf16", 64, 2**20, 8, 1, 1, 1))
     # Outside the domain or invalid: the header must say "invalid" where Python raises.
-    yield from (Shape("bf16", 128, 2**16, 2**16, 2**16, 2, 2**8), Shape("bf16", 96, 1, 1, 1, 1, 1),
+    yield from (Shape("bf16", 128, 2**16, 2**16, 2**16, 2, 2**8), Shape("bf16", 80, 1, 1, 1, 1, 1),
                 Shape("bf16", 128, 1, 6, 4, 1, 64), Shape("bf16", 128, 1, 1, 1, 1, 2**31),
                 Shape("bf16", 128, 2**20, 1, 1, 1, 2**21))
 
@@ -151,7 +151,7 @@ def _bad_tables(tmp_path):
         "schema_version is 2": df.assign(schema_version="2"),
         "num_splits is empty or NaN": df.assign(num_splits=["nan"] + list(df["num_splits"][1:])),
         "empty table": df.iloc[:0],
-        "head_dim must be one of": df.assign(head_dim="96"),
+        "head_dim must be one of": df.assign(head_dim="80"),
         "num_splits must be in [1, 128]": df.assign(num_splits="1000"),
     }
     for problem, frame in cases.items():

@@ -25,7 +25,8 @@ def _bad_calls():
     plain = call()
     yield "q float32", lambda: base(torch.float32), plain, r"\bq\b|dtype"
     yield "k dtype != q", lambda: (lambda q, k, v: (q, k.half(), v))(*base()), plain, r"\bk\b|dtype"
-    yield "head_dim 96", lambda: base(d=96), plain, r"head_dim|head dim|\b96\b"
+    yield "head_dim 80", lambda: base(d=80), plain, r"head_dim|head dim|\b80\b"
+    yield "block_kv 128 at head_dim 256", lambda: base(d=256), call(block_kv=128), r"block_kv.*head_dim 256"
     yield "k/v shapes", lambda: (lambda q, k, v: (q, k, v[:, :16]))(*base()), plain, r"\bk\b|\bv\b|shape"
     yield "batch", lambda: base(b=(2, 1)), plain, r"batch|\bq\b|\bk\b"
     yield "q/k head_dim", lambda: base(kd=128), plain, r"head_dim|head dim|\bk\b"

@@ -115,6 +115,8 @@ SHAPES = [  # (B, Sq, Sk, Hq, Hkv, D)
     (1, 300, 300, 1, 1, 16),   # several query tiles of 64
     (1, 20, 1100, 16, 1, 16),  # MQA prefill, 320 packed rows
     (1, 600, 700, 2, 1, 16),   # 1200 packed rows: tiles of 128
+    (2, 1, 300, 8, 1, 256),    # Gemma-like GQA-8 decode, D = 256
+    (1, 3, 200, 4, 4, 96),     # Phi-3-like MHA, D = 96
 ]
 
 

@@ -30,10 +30,28 @@ def test_smem_limit_drops_big_blocks():
     assert 128 not in {c.block_kv for c in cands}
 
 
+def test_candidates_use_the_block_kv_instantiated_at_the_head_dim():
+    for d in tunables.HEAD_DIMS:
+        shape = Shape("bf16", d, 2, 8, 1, 1, 40000)
+        cands = space.candidate_configs(shape, space.SearchSpace(block_kv=tunables.BLOCK_KV))
+        assert {c.block_kv for c in cands} == set(tunables.block_kvs_for(d))
+        assert space.fa2_config(shape, 132).block_kv in tunables.block_kvs_for(d)
+
+
+def test_head_dims_grid_loads():
+    grid = space.load_grid(str(space.CONFIGS_DIR / "head_dims.yaml"))
+    assert {s.head_dim for s in grid.shapes} == {96, 256}
+    assert {s.dtype for s in grid.shapes} == {"fp16", "bf16"}
+    assert Shape("bf16", 256, 2, 8, 1, 1, 40000) in grid.shapes
+    assert set(grid.space.block_kv) == set(tunables.BLOCK_KV)
+
+
 def test_shipped_grids_load():
     quick = space.load_grid("quick")
     assert len(quick.shapes) >= 18
     assert {s.kv_len for s in quick.shapes} >= {4096, 16384, 65536}
+    assert {s.head_dim for s in quick.shapes} == {96, 128, 256}
+    assert {Shape(dt, 256, 2, 8, 1, 1, 40000) for dt in ("bf16", "fp16")} <= set(quick.shapes)
     full = space.load_grid("full")
     assert {s.head_dim for s in full.shapes} == {64, 128}
     assert {s.dtype for s in full.shapes} == {"fp16", "bf16"}

@@ -223,7 +223,7 @@ def test_bench_breakdown_needs_the_cuda_backend():
 def test_bench_command_rejects_bad_values():
     result = CliRunner().invoke(bench_cmd, ["--backend", "reference", "--splits", "x"])
     assert result.exit_code == 2 and "--splits" in result.output
-    result = CliRunner().invoke(bench_cmd, ["--backend", "reference", "--head-dim", "96"])
+    result = CliRunner().invoke(bench_cmd, ["--backend", "reference", "--head-dim", "80"])
     assert result.exit_code == 2 and "head_dim" in result.output
     result = CliRunner().invoke(bench_cmd, ["--backend", "reference", "--merge", "dsmem"])
     assert result.exit_code == 2 and "--merge" in result.output

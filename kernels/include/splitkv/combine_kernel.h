@@ -1,5 +1,5 @@
 // Combine kernel: merges the S partials of each (batch, query head, query row) with the
-// formula of params.h; kThreadsPerRow threads own one row, one float4 of O each.
+// formula of params.h; kThreadsPerRow threads own one row (merge_state.h's column layout).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -24,15 +24,15 @@ __global__ void __launch_bounds__(Traits::kThreads) combine_kernel(const __grid_
   const int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / kLanes;  // over (B, Hkv, packed rows)
   // Every lane folds (fold_partials shuffles across the warp); lanes past the last row fold
   // the last row again and store nothing.
-  const MergeState state = fold_partials<Traits::kHeadDim>(p.ws_o, p.ws_m, p.ws_l, p.num_splits, p.total_rows,
-                                                           min(row, p.total_rows - 1), lane);
+  const auto state = fold_partials<Traits::kHeadDim>(p.ws_o, p.ws_m, p.ws_l, p.num_splits, p.total_rows,
+                                                     min(row, p.total_rows - 1), lane);
   if (row >= p.total_rows) return;
 
   const int64_t bh = row / p.packed_rows;
   const int r = int(row % p.packed_rows);
   const int h_q = int(bh % p.kv_heads) * p.group + r % p.group;
   store_merged<Element>(state, p.out, p.lse, p.o_batch_stride, p.o_row_stride, p.o_head_stride,
-                        p.kv_heads * p.group, p.q_len, int(bh / p.kv_heads), h_q, r / p.group, lane * 4);
+                        p.kv_heads * p.group, p.q_len, int(bh / p.kv_heads), h_q, r / p.group, lane);
 }
 
 }  // namespace splitkv

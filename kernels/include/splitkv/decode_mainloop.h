@@ -65,6 +65,7 @@ CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCt
 
   auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyA{}, warp_mma);
   auto smem_thr_copy_q = smem_copy_q.get_thread_slice(lane);
+  Tensor tSsQ = smem_thr_copy_q.partition_S(sQ);                          // (CPY, CPY_M, CPY_D)
   auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyB{}, warp_mma);
   auto smem_thr_copy_k = smem_copy_k.get_thread_slice(lane);
   Tensor tSsK = smem_thr_copy_k.partition_S(sKw);                         // (CPY, CPY_N, CPY_D, kStages)
@@ -82,8 +83,8 @@ CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCt
   init_rows(p, cta, tScS_rc, row_max, row_sum, key_limit);
 
   start_pipeline<kStages, Traits::kNThreads, Element>(p, cta, load_kv, sQ);
-  __syncthreads();  // Q is in shared memory: each warp keeps it in registers for the whole loop
-  copy(smem_copy_q, smem_thr_copy_q.partition_S(sQ), smem_thr_copy_q.retile_D(tSrQ));
+  __syncthreads();  // Q is in shared memory; with kQInRegisters each warp keeps it in registers for the whole loop
+  if constexpr (Traits::kQInRegisters) copy(smem_copy_q, tSsQ, smem_thr_copy_q.retile_D(tSrQ));
 
   Tensor o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));    // (ROWS, D_COLS)
   for (int t = 0; t < cta.n_tiles; ++t) {
@@ -93,7 +94,12 @@ CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCt
 
     Tensor acc_s = partition_fragment_C(warp_mma, Shape<Int<kBlockM>, Int<kKeysPerWarp>>{});  // (MMA, MMA_M, MMA_N)
     clear(acc_s);
-    gemm_rs(warp_mma, acc_s, tSrQ, tSrK, tSsK(_, _, _, stage), smem_copy_k, smem_thr_copy_k);
+    if constexpr (Traits::kQInRegisters) {
+      gemm_rs(warp_mma, acc_s, tSrQ, tSrK, tSsK(_, _, _, stage), smem_copy_k, smem_thr_copy_k);
+    } else {
+      gemm_smem(warp_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK(_, _, _, stage), smem_copy_q, smem_copy_k, smem_thr_copy_q,
+                smem_thr_copy_k);
+    }
 
     Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));  // (ROWS, COLS)
     float tile_max[kRows];

@@ -14,7 +14,7 @@ namespace splitkv {
 template <class Traits>
 CUTE_DEVICE void merge_if_last_split(const SplitParams& p, int m_block, int row0, int b, int h_kv) {
   using Element = typename Traits::Element;
-  constexpr int kVecs = kLanesPerRow<Traits::kHeadDim>;  // float4 items per row, one per lane
+  constexpr int kLanes = kLanesPerRow<Traits::kHeadDim>;  // items per row, one per lane (merge_state.h)
   __syncthreads();  // the whole CTA's partial is written
   int is_last = 0;
   if (threadIdx.x == 0) {
@@ -39,16 +39,16 @@ CUTE_DEVICE void merge_if_last_split(const SplitParams& p, int m_block, int row0
   const int64_t tile_row0 = (int64_t(b) * p.kv_heads + h_kv) * p.packed_rows + row0;
   // Whole warps fold (fold_partials shuffles across the warp); lanes past the last item fold
   // row 0 again and store nothing.
-  const int items = rows * kVecs;
+  const int items = rows * kLanes;
   for (int item = threadIdx.x; item < (items + 31) / 32 * 32; item += Traits::kNThreads) {
-    const int r = item < items ? item / kVecs : 0;
-    const int lane = item % kVecs;
-    const MergeState state = fold_partials<Traits::kHeadDim>(p.ws_o, p.ws_m, p.ws_l, p.num_splits, split_stride,
-                                                             tile_row0 + r, lane);
+    const int r = item < items ? item / kLanes : 0;
+    const int lane = item % kLanes;
+    const auto state = fold_partials<Traits::kHeadDim>(p.ws_o, p.ws_m, p.ws_l, p.num_splits, split_stride,
+                                                       tile_row0 + r, lane);
     if (item >= items) continue;
     const int row = row0 + r;
     store_merged<Element>(state, p.out, p.lse, p.o_batch_stride, p.o_row_stride, p.o_head_stride, p.q_heads,
-                          p.q_len, b, h_kv * p.group + row % p.group, row / p.group, lane * 4);
+                          p.q_len, b, h_kv * p.group + row % p.group, row / p.group, lane);
   }
 }
 

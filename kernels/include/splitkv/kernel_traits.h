@@ -29,10 +29,14 @@ struct SplitKernelTraits {
   static constexpr int kWarpsN = rules::warp_layout(kBlockM).n;
   static constexpr bool kWarpsOwnKeys = rules::warps_own_keys(kBlockM, kBlockKV);
   static constexpr int kKeysPerWarp = kBlockKV / kWarpsN;
+  // The decode loop keeps a warp's 16 x D Q fragment in registers beside its 16 x D fp32 O
+  // (D / 4 + D / 2 registers per thread); at D = 256 the two would take 192 and spill, so Q is
+  // read from shared memory one k-slice ahead, as the tile loop does.
+  static constexpr bool kQInRegisters = kHeadDim <= 128;
 
   static_assert(is_allowed(kHeadDims, kHeadDim), "head dim not in tunables.h");
   static_assert(is_allowed(kBlockMs, kBlockM), "block M not in tunables.h");
-  static_assert(is_allowed(kBlockKVs, kBlockKV), "block KV not in tunables.h");
+  static_assert(block_kv_allowed(kHeadDim, kBlockKV), "block KV not instantiated at this head dim in tunables.h");
   static_assert(kBlockM % (16 * kWarpsM) == 0, "every warp needs whole 16-row MMA tiles");
   static_assert(kBlockKV % (8 * kWarpsN) == 0 && kHeadDim % (8 * kWarpsN) == 0,
                 "every warp needs whole 8-column MMA tiles in both GEMMs");
@@ -45,11 +49,15 @@ struct SplitKernelTraits {
   // One warp's MMA, for the loop in which warps own keys.
   using WarpMma = TiledMMA<MMA_Atom<MmaAtom>, Layout<Shape<_1, _1, _1>>, Tile<_16, _8, _16>>;
 
-  // 128-byte rows swizzled in 16-byte chunks: conflict-free ldmatrix and cp.async.
+  // 8 rows of one slab of columns, swizzled in 16-byte chunks: conflict-free ldmatrix and
+  // cp.async. Widths that are multiples of 64 use 128-byte slab rows; others (32 and 96) use
+  // 64-byte slab rows, whose 2-bit swizzle still spreads 8 rows over the 8 chunk positions.
+  template <int kCols>
+  static constexpr int kSlabCols = kCols % 64 == 0 ? 64 : 32;
   template <int kCols>
   using SmemAtom = decltype(composition(
-      Swizzle<(kCols >= 64 ? 3 : 2), 3, 3>{},
-      Layout<Shape<_8, Int<(kCols >= 64 ? 64 : 32)>>, Stride<Int<(kCols >= 64 ? 64 : 32)>, _1>>{}));
+      Swizzle<(kSlabCols<kCols> == 64 ? 3 : 2), 3, 3>{},
+      Layout<Shape<_8, Int<kSlabCols<kCols>>>, Stride<Int<kSlabCols<kCols>>, _1>>{}));
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom<kHeadDim>{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   // (kBlockKV, kHeadDim, kStages)
   using SmemLayoutKV =
@@ -67,9 +75,11 @@ struct SplitKernelTraits {
   using SmemCopyBt = Copy_Atom<SM75_U16x4_LDSM_T, Element>;  // 8x16 B tile per warp (V^T)
   using SmemCopyC = Copy_Atom<AutoVectorizingCopy, Element>;
 
+  // K/V tile copies move one smem slab of columns per row of threads (16 bytes each), so a
+  // thread's chunks never straddle a swizzle atom.
   static constexpr int kGmemElemsPerLoad = sizeof(uint128_t) / sizeof(Element);
-  static constexpr int kGmemThreadsPerRow = 64 / kGmemElemsPerLoad;
-  static_assert(kHeadDim % 64 == 0, "K/V tile copies move 64-column slabs");
+  static constexpr int kGmemThreadsPerRow = kSlabCols<kHeadDim> / kGmemElemsPerLoad;
+  static_assert(kHeadDim % kSlabCols<kHeadDim> == 0, "K/V tile copies move whole column slabs");
   using GmemCopyKV = decltype(make_tiled_copy(
       Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>, Element>{},
       Layout<Shape<Int<kNThreads / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>,
@@ -110,7 +120,7 @@ struct CombineKernelTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kThreads = kThreads_;
   static_assert(is_allowed(kReduceThreads, kThreads), "reduce threads not in tunables.h");
-  static constexpr int kThreadsPerRow = kLanesPerRow<kHeadDim>;  // one float4 of O per thread
+  static constexpr int kThreadsPerRow = kLanesPerRow<kHeadDim>;  // merge_state.h's lanes per row
   static constexpr int kRowsPerBlock = kThreads / kThreadsPerRow;
 };
 

@@ -91,11 +91,14 @@ SPLITKV_HOST_DEVICE constexpr KeyRange split_range(SplitPolicy policy, int split
   return KeyRange{start, end < kv_end ? end : kv_end};
 }
 
-// Lanes that fold one row of the partials together, each owning one float4 of its O (the
-// combine kernel and the fused merge lay their threads out by it, so both fold alike).
-SPLITKV_HOST_DEVICE constexpr int lanes_per_row(int head_dim) { return head_dim / 4; }
+// Lanes that fold one row of the partials together (merge_state.h; the combine kernel and the
+// fused merge lay their threads out by it, so both fold alike): one float4 each at head dims
+// 64 and 128, a warp's 32 lanes with wider shares at 96 and 256.
+SPLITKV_HOST_DEVICE constexpr int lanes_per_row(int head_dim) {
+  return head_dim % 64 == 0 && head_dim < 128 ? head_dim / 4 : 32;
+}
 
-// Whether the fused merge of one query tile is one float4 per thread of the last CTA. Past
+// Whether the fused merge of one query tile is one row fold per thread of the last CTA. Past
 // that the last CTA merges rows one after another, and the combine kernel, spread over many
 // CTAs, is faster (docs/PERFORMANCE.md).
 SPLITKV_HOST_DEVICE constexpr bool fused_merge_fits(int packed_rows, int head_dim) {

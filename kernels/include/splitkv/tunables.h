@@ -3,7 +3,7 @@
 
 namespace splitkv {
 
-inline constexpr int kHeadDims[] = {64, 128};
+inline constexpr int kHeadDims[] = {64, 96, 128, 256};
 inline constexpr int kBlockKVs[] = {32, 64, 128};
 inline constexpr int kBlockMs[] = {16, 64};
 inline constexpr int kReduceThreads[] = {64, 128, 256};
@@ -18,6 +18,18 @@ constexpr bool is_allowed(const int (&values)[N], int v) {
   return false;
 }
 
+inline constexpr int kBlockKVsHd64[] = {32, 64, 128};
+inline constexpr int kBlockKVsHd96[] = {32, 64, 128};
+inline constexpr int kBlockKVsHd128[] = {32, 64, 128};
+inline constexpr int kBlockKVsHd256[] = {32, 64};
+constexpr bool block_kv_allowed(int head_dim, int block_kv) {
+  if (head_dim == 64) return is_allowed(kBlockKVsHd64, block_kv);
+  if (head_dim == 96) return is_allowed(kBlockKVsHd96, block_kv);
+  if (head_dim == 128) return is_allowed(kBlockKVsHd128, block_kv);
+  if (head_dim == 256) return is_allowed(kBlockKVsHd256, block_kv);
+  return false;
+}
+
 // X(Element, kHeadDim, kBlockM, kBlockKV)
 #define SPLITKV_FOR_EACH_SPLIT_KERNEL(X) \
   X(cutlass::half_t, 64, 16, 32) \
@@ -26,38 +38,70 @@ constexpr bool is_allowed(const int (&values)[N], int v) {
   X(cutlass::half_t, 64, 64, 32) \
   X(cutlass::half_t, 64, 64, 64) \
   X(cutlass::half_t, 64, 64, 128) \
+  X(cutlass::half_t, 96, 16, 32) \
+  X(cutlass::half_t, 96, 16, 64) \
+  X(cutlass::half_t, 96, 16, 128) \
+  X(cutlass::half_t, 96, 64, 32) \
+  X(cutlass::half_t, 96, 64, 64) \
+  X(cutlass::half_t, 96, 64, 128) \
   X(cutlass::half_t, 128, 16, 32) \
   X(cutlass::half_t, 128, 16, 64) \
   X(cutlass::half_t, 128, 16, 128) \
   X(cutlass::half_t, 128, 64, 32) \
   X(cutlass::half_t, 128, 64, 64) \
   X(cutlass::half_t, 128, 64, 128) \
+  X(cutlass::half_t, 256, 16, 32) \
+  X(cutlass::half_t, 256, 16, 64) \
+  X(cutlass::half_t, 256, 64, 32) \
+  X(cutlass::half_t, 256, 64, 64) \
   X(cutlass::bfloat16_t, 64, 16, 32) \
   X(cutlass::bfloat16_t, 64, 16, 64) \
   X(cutlass::bfloat16_t, 64, 16, 128) \
   X(cutlass::bfloat16_t, 64, 64, 32) \
   X(cutlass::bfloat16_t, 64, 64, 64) \
   X(cutlass::bfloat16_t, 64, 64, 128) \
+  X(cutlass::bfloat16_t, 96, 16, 32) \
+  X(cutlass::bfloat16_t, 96, 16, 64) \
+  X(cutlass::bfloat16_t, 96, 16, 128) \
+  X(cutlass::bfloat16_t, 96, 64, 32) \
+  X(cutlass::bfloat16_t, 96, 64, 64) \
+  X(cutlass::bfloat16_t, 96, 64, 128) \
   X(cutlass::bfloat16_t, 128, 16, 32) \
   X(cutlass::bfloat16_t, 128, 16, 64) \
   X(cutlass::bfloat16_t, 128, 16, 128) \
   X(cutlass::bfloat16_t, 128, 64, 32) \
   X(cutlass::bfloat16_t, 128, 64, 64) \
-  X(cutlass::bfloat16_t, 128, 64, 128)
+  X(cutlass::bfloat16_t, 128, 64, 128) \
+  X(cutlass::bfloat16_t, 256, 16, 32) \
+  X(cutlass::bfloat16_t, 256, 16, 64) \
+  X(cutlass::bfloat16_t, 256, 64, 32) \
+  X(cutlass::bfloat16_t, 256, 64, 64)
 
 // X(Element, kHeadDim, kThreads)
 #define SPLITKV_FOR_EACH_COMBINE_KERNEL(X) \
   X(cutlass::half_t, 64, 64) \
   X(cutlass::half_t, 64, 128) \
   X(cutlass::half_t, 64, 256) \
+  X(cutlass::half_t, 96, 64) \
+  X(cutlass::half_t, 96, 128) \
+  X(cutlass::half_t, 96, 256) \
   X(cutlass::half_t, 128, 64) \
   X(cutlass::half_t, 128, 128) \
   X(cutlass::half_t, 128, 256) \
+  X(cutlass::half_t, 256, 64) \
+  X(cutlass::half_t, 256, 128) \
+  X(cutlass::half_t, 256, 256) \
   X(cutlass::bfloat16_t, 64, 64) \
   X(cutlass::bfloat16_t, 64, 128) \
   X(cutlass::bfloat16_t, 64, 256) \
+  X(cutlass::bfloat16_t, 96, 64) \
+  X(cutlass::bfloat16_t, 96, 128) \
+  X(cutlass::bfloat16_t, 96, 256) \
   X(cutlass::bfloat16_t, 128, 64) \
   X(cutlass::bfloat16_t, 128, 128) \
-  X(cutlass::bfloat16_t, 128, 256)
+  X(cutlass::bfloat16_t, 128, 256) \
+  X(cutlass::bfloat16_t, 256, 64) \
+  X(cutlass::bfloat16_t, 256, 128) \
+  X(cutlass::bfloat16_t, 256, 256)
 
 }  // namespace splitkv
