@@ -1,7 +1,8 @@
 #!/bin/bash
 # Build, test and measure on a GPU host in one go; logs and results go under $OUT (or ./gpu-out).
 # Usage: [GPU=h100] tools/gpu_session.sh MODE...   (GPU defaults to h200; modes run in order)
-# test: GPU tests (~1 min); eager: host cost and eager loops of the default call vs SDPA (~2 min); merge-ab: combine kernel vs fused merge on the small decode
+# test: GPU tests (~1 min); head-dims: sweep and compare of the D = 96/256 shapes (~4 min);
+# host-tuned: host cost with every tunable given (~30 s); eager: host cost and eager loops of the default call vs SDPA (~2 min); merge-ab: combine kernel vs fused merge on the small decode
 # shapes (~2 min); pdl-ab: the table's config with and without programmatic dependent launch
 # on the small decode shapes, two fixed-cost and two large ones (~1.5 min); sweep: quick grid
 # (~3 min); evaluate: selector regret on the GPU (~2 min); breakdown: kernel time per call
@@ -69,6 +70,21 @@ for mode in "$@"; do
           --splits 4 --block-kv 64 --reduce-threads 128 --policy blocks 2>&1
       done | tee "$out/eager.log"
       ;;
+    head-dims)
+      # Head dims 96 and 256: the quick grid's shapes of those dims swept into a folder of their
+      # own (their trials are appended to results/<gpu>/trials.csv afterwards), then compared with
+      # SDPA and FlashInfer at the swept winners, graph-replayed and eager.
+      timeout 240 splitkv-tune sweep --gpu "$flag" --grid quick --head-dim 96 --head-dim 256 \
+        --out "$out/sweep_hd" --no-progress 2>&1 | tail -12 | tee "$out/sweep_hd.log"
+      timeout 300 splitkv-tune compare --grid quick --head-dim 96 --head-dim 256 --table "$out/sweep_hd/heuristics.csv" \
+        --peers sdpa_flash,sdpa_cudnn,flashinfer_decode,flashinfer_decode_tc,flashinfer_xqa --eager \
+        --out "$out/compare_hd" --no-progress 2>&1 | tail -40 | tee "$out/compare_hd.log"
+      ;;
+    host-tuned)
+      # Host cost with every tunable given (S16 kv64, blocks) over the quick grid's D = 128 shapes.
+      timeout 120 splitkv-tune compare --grid quick --head-dim 128 --config 16,64,128,blocks --peers "" --eager \
+        --out "$out/host_tuned" --no-progress 2>&1 | tail -30 | tee "$out/host_tuned.log"
+      ;;
     sweep)
       timeout 420 splitkv-tune sweep --gpu "$flag" --grid quick --no-progress 2>&1 | tail -25 | tee "$out/sweep.log"
       ;;
@@ -91,7 +107,7 @@ for mode in "$@"; do
         --out results/$gpu/compare_prefill --no-progress 2>&1 | tail -8 | tee "$out/prefill.log"
       splitkv-tune env > "$out/env.txt" 2>&1
       ;;
-    *) echo "usage: $0 MODE... (test, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare)" >&2; exit 2 ;;
+    *) echo "usage: $0 MODE... (test, head-dims, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare)" >&2; exit 2 ;;
   esac
   pack
 done
