@@ -211,6 +211,27 @@ void set_strides(const at::Tensor& t, int64_t& batch, int64_t& row, int64_t& hea
   head = t.stride(2);
 }
 
+// The combine kernel's params: partials of num_splits splits into out (B, Sq, Hkv * group, D)
+// and lse (may be null).
+CombineParams combine_params(const float* ws_o, const float* ws_m, const float* ws_l, const at::Tensor& out,
+                             float* lse, int batch, int kv_heads, int group, int q_len, int num_splits) {
+  CombineParams c{};
+  c.ws_o = ws_o;
+  c.ws_m = ws_m;
+  c.ws_l = ws_l;
+  c.out = out.data_ptr();
+  c.lse = lse;
+  set_strides(out, c.o_batch_stride, c.o_row_stride, c.o_head_stride);
+  c.batch = batch;
+  c.kv_heads = kv_heads;
+  c.group = group;
+  c.q_len = q_len;
+  c.packed_rows = q_len * group;
+  c.num_splits = num_splits;
+  c.total_rows = int64_t(batch) * kv_heads * c.packed_rows;
+  return c;
+}
+
 // Launches the split kernel (and the combine kernel when it merges) on torch's current stream
 // of q's device. q, k, v passed check_problem and the tunables were validated by ops.py; the
 // workspace (None: the default one) is checked here. Returns (out, lse); lse is None unless
@@ -278,23 +299,8 @@ py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::hand
   run_split(p, dtype, head_dim, block_m, block_kv, stream, programmatic);
 
   if (num_splits > 1 && !fused_merge) {
-    CombineParams c{};
-    c.ws_o = p.ws_o;
-    c.ws_m = p.ws_m;
-    c.ws_l = p.ws_l;
-    c.out = p.out;
-    c.lse = p.lse;
-    c.o_batch_stride = p.o_batch_stride;
-    c.o_row_stride = p.o_row_stride;
-    c.o_head_stride = p.o_head_stride;
-    c.batch = p.batch;
-    c.kv_heads = p.kv_heads;
-    c.group = p.group;
-    c.q_len = p.q_len;
-    c.packed_rows = p.packed_rows;
-    c.num_splits = num_splits;
-    c.total_rows = int64_t(p.batch) * p.kv_heads * p.packed_rows;
-    run_combine(c, dtype, head_dim, reduce_threads, stream, programmatic);
+    run_combine(combine_params(p.ws_o, p.ws_m, p.ws_l, out, p.lse, p.batch, p.kv_heads, p.group, p.q_len, num_splits),
+                dtype, head_dim, reduce_threads, stream, programmatic);
   }
   if (!return_lse) return py::make_tuple(out, py::none());
   return py::make_tuple(out, lse);
@@ -305,22 +311,9 @@ py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::hand
 void combine(const at::Tensor& o_part, const at::Tensor& m, const at::Tensor& l, const at::Tensor& out,
              const at::Tensor& lse, int q_len, int group, int reduce_threads) {
   const c10::cuda::CUDAGuard guard(o_part.device());
-  CombineParams c{};
-  c.ws_o = o_part.data_ptr<float>();
-  c.ws_m = m.data_ptr<float>();
-  c.ws_l = l.data_ptr<float>();
-  c.out = out.data_ptr();
-  c.lse = lse.data_ptr<float>();
-  c.o_batch_stride = out.stride(0);
-  c.o_row_stride = out.stride(1);
-  c.o_head_stride = out.stride(2);
-  c.num_splits = int(o_part.size(0));
-  c.batch = int(o_part.size(1));
-  c.kv_heads = int(o_part.size(2));
-  c.group = group;
-  c.q_len = q_len;
-  c.packed_rows = q_len * group;
-  c.total_rows = int64_t(c.batch) * c.kv_heads * c.packed_rows;
+  const CombineParams c = combine_params(o_part.data_ptr<float>(), m.data_ptr<float>(), l.data_ptr<float>(), out,
+                                         lse.data_ptr<float>(), int(o_part.size(1)), int(o_part.size(2)), group,
+                                         q_len, int(o_part.size(0)));
   run_combine(c, static_cast<DType>(dtype_code(out.scalar_type())), int(o_part.size(4)), reduce_threads,
               c10::cuda::getCurrentCUDAStream(o_part.device().index()).stream(), false);
 }
