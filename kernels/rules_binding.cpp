@@ -51,6 +51,12 @@ PYBIND11_MODULE(_rules, m) {
   }, py::arg("policy"), py::arg("split"), py::arg("num_splits"), py::arg("kv_len"), py::arg("kv_end"),
         py::arg("block_kv"));
   m.def("lanes_per_row", &rules::lanes_per_row, py::arg("head_dim"));
+  m.def("live_splits", [](int live_len, int block_kv, int min_blocks_per_split, int max_splits) {
+    if (live_len < 0 || block_kv < 1 || min_blocks_per_split < 1 || max_splits < 1) {
+      throw py::value_error("live_splits needs live_len >= 0 and block_kv, min_blocks_per_split, max_splits >= 1");
+    }
+    return rules::live_splits(live_len, block_kv, min_blocks_per_split, max_splits);
+  }, py::arg("live_len"), py::arg("block_kv"), py::arg("min_blocks_per_split"), py::arg("max_splits"));
   m.def("fused_merge_fits", &rules::fused_merge_fits, py::arg("packed_rows"), py::arg("head_dim"));
   m.def("workspace_sections", [](int num_splits, int batch, int q_heads, int q_len, int head_dim) {
     const rules::WorkspaceSections w = rules::workspace_sections(num_splits, batch, q_heads, q_len, head_dim);

@@ -231,7 +231,9 @@ def combine_partials_ref(o_part, m, l):
 
 
 def splitkv_attention_ref(q, k, v, *, causal=False, softmax_scale=None, num_splits=1,
-                          block_kv=64, split_policy="blocks", return_lse=False):
+                          block_kv=64, split_policy="blocks", return_lse=False,
+                          cache_seqlens=None, block_table=None, max_splits=tunables.MAX_SPLITS,
+                          min_blocks_per_split=1):
     """Split-KV attention in PyTorch: :func:`splitkv_partials_ref` + :func:`combine_partials_ref`.
 
     Same signature and layouts as ``splitkv_tune.ops.splitkv_attention``: returns ``out``
@@ -249,7 +251,17 @@ def splitkv_attention_ref(q, k, v, *, causal=False, softmax_scale=None, num_spli
     Traceback (most recent call last):
     ...
     ValueError: num_splits must be an integer in [1, 128], got 0
+
+    With ``cache_seqlens`` (int32 ``[B]``, each sequence's live length) and/or ``block_table``
+    (int32 ``[B, max_pages]``; k and v are then page pools ``(num_pages, page_size, Hkv, D)``)
+    the batch is split per sequence by :mod:`splitkv_tune.plan` (``max_splits`` and
+    ``min_blocks_per_split`` are its knobs; ``num_splits`` must stay 1), causal masks are
+    aligned to each sequence's own end, and a sequence of length 0 gets ``out = 0`` and
+    ``lse = -inf``.
     """
+    if cache_seqlens is not None or block_table is not None:
+        return _live_batch_ref(q, k, v, causal, softmax_scale, num_splits, block_kv, return_lse,
+                               cache_seqlens, block_table, max_splits, min_blocks_per_split)
     tunables.Config(num_splits=num_splits, block_kv=block_kv,
                     split_policy=split_policy).validate()
     hkv, group = _check_qkv(q, k, v)
@@ -265,3 +277,36 @@ def splitkv_attention_ref(q, k, v, *, causal=False, softmax_scale=None, num_spli
         return out
     lse = unpack_rows(lse, q.shape[1], group)
     return out, lse.float() if out_dtype in (torch.float16, torch.bfloat16) else lse
+
+
+def _live_batch_ref(q, k, v, causal, softmax_scale, num_splits, block_kv, return_lse, cache_seqlens,
+                    block_table, max_splits, min_blocks_per_split):
+    """:func:`splitkv_attention_ref` of a paged or variable-length batch, one sequence at a time
+    with the split count :mod:`splitkv_tune.plan` gives it."""
+    from splitkv_tune import plan
+
+    if num_splits != 1:
+        raise ValueError("num_splits applies to equal-length batches; a paged or variable-length "
+                         "batch is split per sequence: pass max_splits (and min_blocks_per_split)")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    plan.check_plan_knobs(block_kv, min_blocks_per_split, max_splits)
+    batch = plan.check_live_batch(q, k, cache_seqlens, block_table)
+    counts = plan.split_counts(batch, block_kv, min_blocks_per_split, max_splits)
+    _, q_len, q_heads, _ = q.shape
+    lse_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    outs, lses = [], []
+    for b, (live_len, splits) in enumerate(zip(batch.lengths, counts)):
+        if live_len == 0:
+            outs.append(torch.zeros_like(q[b:b + 1]))
+            lses.append(torch.full((1, q_heads, q_len), _NEG_INF, dtype=lse_dtype, device=q.device))
+            continue
+        kb = plan.live_keys(k, b, live_len, block_table)
+        vb = plan.live_keys(v, b, live_len, block_table)
+        out_b, lse_b = splitkv_attention_ref(q[b:b + 1], kb, vb, causal=causal, softmax_scale=softmax_scale,
+                                             num_splits=splits, block_kv=block_kv, split_policy="blocks",
+                                             return_lse=True)
+        outs.append(out_b)
+        lses.append(lse_b)
+    out = torch.cat(outs)
+    return (out, torch.cat(lses)) if return_lse else out

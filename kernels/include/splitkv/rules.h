@@ -91,6 +91,16 @@ SPLITKV_HOST_DEVICE constexpr KeyRange split_range(SplitPolicy policy, int split
   return KeyRange{start, end < kv_end ? end : kv_end};
 }
 
+// Splits of one sequence of a paged or variable-length batch, from its live length alone: one
+// per min_blocks_per_split blocks of block_kv keys, at least 1 (a sequence of length 0 gets one
+// empty split, which writes O = 0 and lse = -inf) and at most max_splits, the bound that sizes
+// the launch. Nothing else enters: not the cache's capacity, not the block table's width, not
+// the other sequences, so a sequence's output bits depend only on its own keys and these knobs.
+SPLITKV_HOST_DEVICE constexpr int live_splits(int live_len, int block_kv, int min_blocks_per_split, int max_splits) {
+  const int splits = ceil_div(ceil_div(live_len, block_kv), min_blocks_per_split);
+  return splits < 1 ? 1 : (splits > max_splits ? max_splits : splits);
+}
+
 // Lanes that fold one row of the partials together (merge_state.h; the combine kernel and the
 // fused merge lay their threads out by it, so both fold alike): one float4 each at head dims
 // 64 and 128, a warp's 32 lanes with wider shares at 96 and 256.

@@ -1,0 +1,138 @@
+"""The split plan of a paged or variable-length batch, and the checks of its arguments.
+
+A batch whose sequences have their own live lengths (``cache_seqlens``, int32 ``[B]``) and,
+optionally, keep their keys in pages of a pool (``block_table``, int32 ``[B, max_pages]``,
+pages in any order, shared by K and V) is split per sequence, from its live length alone:
+``rules.h``'s ``live_splits`` gives sequence ``b`` ``live_splits(len_b, block_kv,
+min_blocks_per_split, max_splits)`` splits, and split ``s`` of them covers the keys
+``split_range(s, S_b, len_b, tile_kv_end, block_kv, "blocks")``, with causal masks aligned to
+the sequence's own end. Neither the cache's capacity nor the block table's width nor the other
+sequences enter, so a sequence's output bits depend only on its own q, keys and length and the
+knobs (``block_kv``, ``min_blocks_per_split``, ``max_splits``).
+
+Layouts: contiguous ``k``/``v`` ``(B, Sk_capacity, Hkv, D)``; paged pools
+``(num_pages, page_size, Hkv, D)`` (NHD, as vLLM and FlashInfer store them).
+
+This is the plan the reference (``reference.splitkv_attention_ref``) applies; the CUDA kernel
+does not take paged or variable-length batches yet.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from splitkv_tune import _rules, tunables
+
+PAGE_SIZES = (16, 32, 64, 128, 256)
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveBatch:
+    """Checked ``cache_seqlens``/``block_table`` of one call: live lengths on the host (the
+    reference reads them; the kernel would read them on the device) and the cache's geometry."""
+
+    lengths: tuple[int, ...]
+    page_size: int | None  # None: contiguous k/v
+    capacity: int          # keys a sequence can hold: Sk_capacity, or max_pages * page_size
+
+
+def _check_int_tensor(name: str, t, rank: int, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {t.dtype}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must have {rank} dimension{'s' if rank > 1 else ''}, "
+                         f"got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device} (q's device), got {t.device}")
+
+
+def check_live_batch(q: torch.Tensor, k: torch.Tensor, cache_seqlens, block_table) -> LiveBatch:
+    """Check ``cache_seqlens`` and ``block_table`` against q and the cache; ``ValueError`` or
+    ``TypeError`` naming the argument. Values are checked too (lengths within capacity, page
+    indices within the pool): this reads them to the host.
+
+    >>> q = torch.zeros(2, 1, 4, 64); k = torch.zeros(8, 16, 1, 64)
+    >>> table = torch.tensor([[3, 1], [0, 7]], dtype=torch.int32)
+    >>> check_live_batch(q, k, torch.tensor([17, 0], dtype=torch.int32), table)
+    LiveBatch(lengths=(17, 0), page_size=16, capacity=32)
+    >>> check_live_batch(q, k, torch.tensor([33, 0], dtype=torch.int32), table)
+    Traceback (most recent call last):
+    ...
+    ValueError: cache_seqlens[0] = 33 exceeds the cache's capacity of 32 keys per sequence
+    """
+    batch = q.shape[0]
+    if block_table is not None:
+        _check_int_tensor("block_table", block_table, 2, q.device)
+        if block_table.shape[0] != batch:
+            raise ValueError(f"block_table must have one row per sequence ({batch}), got {block_table.shape[0]}")
+        page_size = int(k.shape[1])
+        if page_size not in PAGE_SIZES:
+            raise ValueError(f"page size (k_cache.shape[1]) must be one of {PAGE_SIZES}, got {page_size}")
+        num_pages = int(k.shape[0])
+        if block_table.shape[1] < 1:
+            raise ValueError("block_table must have at least one page per sequence")
+        if block_table.shape[1] > num_pages:
+            raise ValueError(f"block_table is wider ({block_table.shape[1]} pages per sequence) than the "
+                             f"pool ({num_pages} pages)")
+        bad = (block_table < 0) | (block_table >= num_pages)
+        if bool(bad.any()):
+            b, p = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(f"block_table[{b}, {p}] = {int(block_table[b, p])} is not a page of the pool "
+                             f"[0, {num_pages})")
+        capacity = int(block_table.shape[1]) * page_size
+    else:
+        if k.shape[0] != batch:
+            raise ValueError(f"k batch ({k.shape[0]}) must equal q batch ({batch}) without a block_table")
+        page_size, capacity = None, int(k.shape[1])
+    if cache_seqlens is None:
+        lengths = (capacity,) * batch
+    else:
+        _check_int_tensor("cache_seqlens", cache_seqlens, 1, q.device)
+        if cache_seqlens.shape[0] != batch:
+            raise ValueError(f"cache_seqlens must have one length per sequence ({batch}), "
+                             f"got {cache_seqlens.shape[0]}")
+        lengths = tuple(int(x) for x in cache_seqlens.tolist())
+        for b, n in enumerate(lengths):
+            if n < 0:
+                raise ValueError(f"cache_seqlens[{b}] = {n} is negative")
+            if n > capacity:
+                raise ValueError(f"cache_seqlens[{b}] = {n} exceeds the cache's capacity of {capacity} "
+                                 "keys per sequence")
+    return LiveBatch(lengths, page_size, capacity)
+
+
+def check_plan_knobs(block_kv: int, min_blocks_per_split: int, max_splits: int) -> None:
+    """``ValueError`` naming the knob that is out of range."""
+    tunables.Config(block_kv=block_kv).validate()
+    if not isinstance(max_splits, int) or isinstance(max_splits, bool) or not 1 <= max_splits <= tunables.MAX_SPLITS:
+        raise ValueError(f"max_splits must be an integer in [1, {tunables.MAX_SPLITS}], got {max_splits!r}")
+    if (not isinstance(min_blocks_per_split, int) or isinstance(min_blocks_per_split, bool)
+            or min_blocks_per_split < 1):
+        raise ValueError(f"min_blocks_per_split must be a positive integer, got {min_blocks_per_split!r}")
+
+
+def live_splits(live_len: int, block_kv: int, min_blocks_per_split: int, max_splits: int) -> int:
+    """Splits of one sequence (rules.h).
+
+    >>> [live_splits(n, 64, 4, 16) for n in (0, 1, 256, 257, 100_000)]
+    [1, 1, 1, 2, 16]
+    """
+    return _rules.live_splits(live_len, block_kv, min_blocks_per_split, max_splits)
+
+
+def split_counts(batch: LiveBatch, block_kv: int, min_blocks_per_split: int, max_splits: int) -> list[int]:
+    """Each sequence's split count."""
+    return [live_splits(n, block_kv, min_blocks_per_split, max_splits) for n in batch.lengths]
+
+
+def live_keys(cache: torch.Tensor, b: int, live_len: int, block_table: torch.Tensor | None) -> torch.Tensor:
+    """Keys ``[0, live_len)`` of sequence ``b`` as ``(1, live_len, Hkv, D)``: a slice of a
+    contiguous cache, or its pages gathered through the block table."""
+    if block_table is None:
+        return cache[b:b + 1, :live_len]
+    page_size = cache.shape[1]
+    pages = block_table[b, :-(-live_len // page_size)].long()
+    return cache[pages].reshape(1, -1, *cache.shape[2:])[:, :live_len]

@@ -1,0 +1,149 @@
+"""The split plan of paged and variable-length batches (splitkv_tune.plan, rules.h's
+live_splits) and the reference that applies it, on the CPU: split counts follow each
+sequence's live length alone, the splits cover its live keys once, a paged cache with a
+shuffled table gives the dense answer, capacity and the other sequences change no bit, and
+bad arguments name themselves."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from splitkv_tune import plan, tunables
+from splitkv_tune.reference import attention_ref, splitkv_attention_ref
+
+
+def test_live_splits_follow_the_live_length():
+    rng = random.Random(0)
+    for _ in range(5000):
+        n = rng.choice([0, 1, rng.randint(0, 300_000)])
+        bkv = rng.choice(tunables.BLOCK_KV)
+        chunk = rng.randint(1, 64)
+        cap = rng.randint(1, tunables.MAX_SPLITS)
+        s = plan.live_splits(n, bkv, chunk, cap)
+        assert 1 <= s <= cap
+        blocks = -(-n // bkv)
+        if s < cap:
+            assert s == max(1, -(-blocks // chunk))  # one split per `chunk` blocks
+        # Longer never splits less; the blocks policy gives every split a block when it can.
+        assert plan.live_splits(n + bkv, bkv, chunk, cap) >= s
+        if blocks >= s:
+            ranges = [tunables.split_range(i, s, n, n, bkv, "blocks") for i in range(s)]
+            covered = [j for a, e in ranges for j in range(a, max(a, e))]
+            assert covered == list(range(n))
+            assert all(e > a for a, e in ranges)
+
+
+def _paged(k, v, page_size, width, gen):
+    """k, v (B, Sk, H, D) into shuffled page pools and a block table `width` pages wide."""
+    b, sk, h, d = k.shape
+    per_seq = width
+    num_pages = b * per_seq + 3
+    perm = torch.randperm(num_pages, generator=gen)[: b * per_seq].view(b, per_seq)
+    pool_k = torch.full((num_pages, page_size, h, d), float("nan"), dtype=k.dtype)  # unused pages: NaN
+    pool_v = pool_k.clone()
+    pad = per_seq * page_size - sk
+    kp = torch.cat([k, k.new_zeros(b, pad, h, d)], 1).view(b, per_seq, page_size, h, d)
+    vp = torch.cat([v, v.new_zeros(b, pad, h, d)], 1).view(b, per_seq, page_size, h, d)
+    for i in range(b):
+        pool_k[perm[i]] = kp[i]
+        pool_v[perm[i]] = vp[i]
+    return pool_k, pool_v, perm.to(torch.int32)
+
+
+def _dense(q, k, v, lengths, causal):
+    outs, lses = [], []
+    for b, n in enumerate(lengths):
+        o, lse = attention_ref(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], causal=causal)
+        outs.append(torch.nan_to_num(o) if n == 0 else o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+@pytest.mark.parametrize("page_size", plan.PAGE_SIZES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_paged_variable_length_reference_matches_dense(gen, page_size, causal):
+    hkv, group, d, sq = 2, 4, 64, (1 if not causal else 3)
+    lengths = [0, 1, page_size - 1, page_size + 1, 63, 65, 3 * page_size + 7]
+    cap = max(lengths) + 5
+    b = len(lengths)
+    q = torch.randn(b, sq, hkv * group, d, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(b, cap, hkv, d, generator=gen, dtype=torch.float64) for _ in range(2))
+    want_out, want_lse = _dense(q, k, v, lengths, causal)
+    seqlens = torch.tensor(lengths, dtype=torch.int32)
+    width = -(-cap // page_size)
+    pool_k, pool_v, table = _paged(k, v, page_size, width, gen)
+    for kk, vv, tbl in ((k, v, None), (pool_k, pool_v, table)):
+        out, lse = splitkv_attention_ref(q, kk, vv, causal=causal, cache_seqlens=seqlens, block_table=tbl,
+                                         block_kv=32, max_splits=5, min_blocks_per_split=1, return_lse=True)
+        assert torch.isfinite(out).all()
+        assert torch.allclose(out, want_out, atol=1e-10)
+        assert torch.equal(torch.isneginf(lse), torch.isneginf(want_lse))
+        live = ~torch.isneginf(want_lse)
+        assert torch.allclose(lse[live], want_lse[live], atol=1e-10)
+    assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()  # length 0: 0 and -inf, no NaN
+
+
+def test_capacity_and_other_sequences_change_no_bit(gen):
+    """Same live lengths with a table 1x, 8x and 64x wider, and a sequence moved into another
+    batch with other lengths: bitwise the same output (the plan reads only its own length)."""
+    hkv, d, page = 1, 64, 16
+    lengths = [37, 300, 5]
+    q = torch.randn(3, 1, 4, d, generator=gen)
+    k, v = (torch.randn(3, 320, hkv, d, generator=gen) for _ in range(2))
+    seqlens = torch.tensor(lengths, dtype=torch.int32)
+    base = None
+    for mult in (1, 8, 64):
+        width = mult * 20
+        pool_k, pool_v, table = _paged(torch.cat([k, k.new_zeros(3, width * page - 320, hkv, d)], 1),
+                                       torch.cat([v, v.new_zeros(3, width * page - 320, hkv, d)], 1),
+                                       page, width, gen)
+        out = splitkv_attention_ref(q, pool_k, pool_v, cache_seqlens=seqlens, block_table=table,
+                                    block_kv=32, max_splits=8, min_blocks_per_split=2)
+        base = out if base is None else base
+        assert torch.equal(out, base), f"table {mult}x wider changed the output"
+    other_q = torch.randn(2, 1, 4, d, generator=gen)
+    other_k, other_v = (torch.randn(2, 320, hkv, d, generator=gen) for _ in range(2))
+    mixed = splitkv_attention_ref(torch.cat([other_q[:1], q[1:2], other_q[1:]]),
+                                  torch.cat([other_k[:1], k[1:2], other_k[1:]]),
+                                  torch.cat([other_v[:1], v[1:2], other_v[1:]]),
+                                  cache_seqlens=torch.tensor([320, 300, 1], dtype=torch.int32),
+                                  block_kv=32, max_splits=8, min_blocks_per_split=2)
+    assert torch.equal(mixed[1], base[1])
+
+
+def _bad_calls():
+    q = torch.zeros(2, 1, 4, 64)
+    k = torch.zeros(8, 16, 1, 64)
+    table = torch.zeros(2, 2, dtype=torch.int32)
+    lens = torch.tensor([3, 4], dtype=torch.int32)
+    yield "seqlens dtype", dict(cache_seqlens=lens.long(), block_table=table), "cache_seqlens"
+    yield "seqlens rank", dict(cache_seqlens=lens[None], block_table=table), "cache_seqlens"
+    yield "seqlens batch", dict(cache_seqlens=lens[:1], block_table=table), "cache_seqlens"
+    yield "seqlens type", dict(cache_seqlens=[3, 4], block_table=table), "cache_seqlens"
+    yield "length over capacity", dict(cache_seqlens=torch.tensor([3, 33], dtype=torch.int32),
+                                       block_table=table), "cache_seqlens"
+    yield "negative length", dict(cache_seqlens=torch.tensor([-1, 3], dtype=torch.int32),
+                                  block_table=table), "cache_seqlens"
+    yield "table dtype", dict(cache_seqlens=lens, block_table=table.long()), "block_table"
+    yield "table rank", dict(cache_seqlens=lens, block_table=table[0]), "block_table"
+    yield "table rows", dict(cache_seqlens=lens, block_table=table[:1]), "block_table"
+    yield "table wider than pool", dict(cache_seqlens=lens,
+                                        block_table=torch.zeros(2, 9, dtype=torch.int32)), "block_table"
+    yield "page out of pool", dict(cache_seqlens=lens,
+                                   block_table=torch.tensor([[0, 8], [1, 2]], dtype=torch.int32)), "block_table"
+    yield "max_splits", dict(cache_seqlens=lens, block_table=table, max_splits=0), "max_splits"
+    yield "max_splits high", dict(cache_seqlens=lens, block_table=table, max_splits=129), "max_splits"
+    yield "min_blocks", dict(cache_seqlens=lens, block_table=table, min_blocks_per_split=0), \
+        "min_blocks_per_split"
+    yield "num_splits", dict(cache_seqlens=lens, block_table=table, num_splits=4), "num_splits"
+    yield "page size", dict(cache_seqlens=lens, block_table=table, k=torch.zeros(8, 24, 1, 64)), "page size"
+
+
+@pytest.mark.parametrize("kwargs,pattern", [pytest.param(kw, p, id=name) for name, kw, p in _bad_calls()])
+def test_bad_live_batch_arguments_name_themselves(kwargs, pattern):
+    kwargs = dict(kwargs)
+    k = kwargs.pop("k", torch.zeros(8, 16, 1, 64))
+    with pytest.raises((ValueError, TypeError), match=pattern):
+        splitkv_attention_ref(torch.zeros(2, 1, 4, 64), k, k.clone(), **kwargs)
