@@ -2,7 +2,8 @@
 import click
 
 from splitkv_tune.cli_tables import evaluate, export, plot, select
-from splitkv_tune.cli_tune import bench, compare, env, sweep, table
+from splitkv_tune.cli_sweep import sweep, table
+from splitkv_tune.cli_tune import bench, compare, env
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -13,3 +14,7 @@ def main() -> None:
 
 for command in (bench, sweep, table, compare, env, select, evaluate, export, plot):
     main.add_command(command)
+
+
+if __name__ == "__main__":
+    main()

@@ -18,13 +18,23 @@ BACKEND_OPTION = click.option("--backend", type=click.Choice(["cuda", "reference
                                    "(runs on the CPU, for testing the pipeline).")
 
 
+def _check_timing(ctx, param, value):
+    if value is None:
+        return value
+    problem = space.timing_problem(param.name, value)
+    if problem:
+        raise click.BadParameter(problem)
+    return value
+
+
 def _timing_options(fn):
     for opt in reversed([
-        click.option("--warmup-s", type=float, default=None,
+        click.option("--warmup-s", type=float, default=None, callback=_check_timing,
                      help="Warm-up seconds per config (default: the grid's, else 0.05)."),
-        click.option("--min-reps", type=int, default=None,
-                     help="Fewest samples per config (default: the grid's, else 20)."),
-        click.option("--max-time-s", type=float, default=None,
+        click.option("--min-reps", type=int, default=None, callback=_check_timing,
+                     help="Fewest samples per config, at least 1 "
+                          "(default: the grid's, else 20)."),
+        click.option("--max-time-s", type=float, default=None, callback=_check_timing,
                      help="Sampling time per config once --min-reps is met "
                           "(default: the grid's, else 0.2)."),
     ]):
@@ -227,125 +237,6 @@ def _print_breakdowns(runs, frame) -> None:
         rows["share"] = (100 * rows["share"]).map(lambda x: f"{x:.1f}%")
         click.echo(f"\nkernels of {config} (merge: {merged_by}, pdl: {'on' if pdl else 'off'}):")
         click.echo(rows.to_string(index=False, float_format=lambda x: f"{x:.2f}", na_rep="-"))
-
-
-@click.command()
-@click.option("--gpu", default="auto", show_default=True,
-              help="Table name (a100, h100, h200, auto, ...); must match the device unless "
-                   "--force. "
-                   "On --backend reference the device is 'cpu_reference'.")
-@click.option("--grid", default="quick", show_default=True, help="quick, full or a YAML path.")
-@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(tunables.DTYPES),
-              help="Only these dtypes of the grid.")
-@click.option("--head-dim", "head_dims", multiple=True, type=int, help="Only these head dims.")
-@click.option("--shapes", "patterns", multiple=True,
-              help="Only shapes whose key matches this glob, e.g. '*_b1_*'.")
-@click.option("--trials", type=click.IntRange(min=1), default=None,
-              help="Configs to measure per shape "
-                   "(default: every candidate with grid, 64 with tpe).")
-@click.option("--time-budget", default=None,
-              help="Wall-clock budget for this run (90s, 30m, 8h), shared evenly by the "
-                   "shapes left.")
-@click.option("--sampler", type=click.Choice(["auto", "grid", "tpe"]), default="auto",
-              show_default=True)
-@click.option("--storage", default=None,
-              help="Optuna storage: an RDB URL or a journal file (default <out>/optuna.journal).")
-@click.option("--study-prefix", default=None, help="Study names are PREFIX + shape key "
-              "(default 'splitkv:<gpu>:').")
-@BACKEND_OPTION
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Output directory (default results/<gpu>/).")
-@click.option("--dry-run", is_flag=True, help="Print the grid, the trial count and an estimate.")
-@click.option("--resume", is_flag=True, help="Continue the studies in the storage.")
-@click.option("--force", is_flag=True, help="Write a table named by --gpu on another device.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--progress/--no-progress", default=None,
-              help="Progress bars (default: on a terminal).")
-@_timing_options
-def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, storage,
-          study_prefix, backend, out_dir, dry_run, resume, force, seed, progress, warmup_s,
-          min_reps, max_time_s):
-    """Search the best config per shape with Optuna; write trials.csv and heuristics.csv."""
-    from splitkv_tune import gpus
-    from splitkv_tune import sweep as sweep_mod
-
-    grid_obj, shapes = _grid_shapes(grid, dtypes, head_dims, patterns)
-    budget = parse_duration(time_budget)
-    if dry_run:
-        table_gpu = gpus.resolve_gpu(gpu) if gpu != "auto" else \
-            sweep_mod.present_device_name(backend).split(" ")[0]
-    else:
-        try:
-            table_gpu = sweep_mod.resolve_table_gpu(gpu, backend, force)
-        except sweep_mod.GpuMismatch as err:
-            click.echo(f"Error: {err}", err=True)
-            sys.exit(2)
-        _backend_or_exit(backend)
-    profile = gpus.profile_for(table_gpu)
-    plan = sweep_mod.SweepPlan(
-        gpu=table_gpu, grid=grid_obj, shapes=shapes, backend=backend,
-        out_dir=Path(out_dir) if out_dir else Path("results") / table_gpu, storage=storage,
-        study_prefix=study_prefix, sampler=sampler, trials=trials, time_budget_s=budget,
-        resume=resume, seed=seed, timing=_timing(grid_obj.timing, warmup_s, min_reps, max_time_s),
-        num_sms=_num_sms(backend, table_gpu),
-        smem_limit=_smem_limit(backend, profile))
-    if dry_run:
-        summary = sweep_mod.dry_run_summary(plan)
-        click.echo(f"grid {summary['grid']}  gpu {summary['gpu']}  backend {backend}  "
-                   f"storage {summary['storage']}")
-        for row in summary["shapes"]:
-            click.echo(f"  {row['shape']:<44} candidates {row['candidates']:>4}  "
-                       f"{row['sampler']:<4}  trials {row['trials']:>4}")
-        click.echo(f"{len(summary['shapes'])} shapes, {summary['total_trials']} trials, "
-                   f"estimated at most {summary['estimated_s'] / 60:.1f} min "
-                   f"(warm-up {plan.timing['warmup_s']}s + sampling {plan.timing['max_time_s']}s "
-                   f"per trial)")
-        return
-    try:
-        result = sweep_mod.run_sweep(plan, argv=sys.argv, progress=progress)
-    except sweep_mod.StudyExists as err:
-        raise click.UsageError(str(err))
-    except sweep_mod.SweepAborted as err:
-        click.echo(f"Error: sweep stopped: {err}", err=True)
-        sys.exit(3)
-    except KeyboardInterrupt:
-        click.echo(f"\nInterrupted: finished trials are in the storage and "
-                   f"{plan.out_dir / 'trials.csv'}; continue with --resume.", err=True)
-        sys.exit(130)
-    ok = int((result["trials"]["status"] == "ok").sum()) if len(result["trials"]) else 0
-    click.echo(f"run {result['run_id']}: timed {result['timed']} configs this run "
-               f"({result['failed']} failed), {ok} ok in total; "
-               f"{len(result['heuristics'])} shapes in {result['heuristics_csv']}")
-
-
-@click.command()
-@click.argument("trials", type=click.Path(exists=True))
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Default: heuristics.csv next to the trials.")
-@click.option("--gpu", default=None, help="Override the gpu column.")
-@click.option("--min-margin", type=float, default=None,
-              help="Smallest relative noise margin for ties (default 0.01).")
-@click.option("--from-storage", is_flag=True,
-              help="First rebuild trials.csv from <dir>/optuna.journal (after a killed sweep).")
-def table(trials, output, gpu, min_margin, from_storage):
-    """Build heuristics.csv (best config per shape) from a trials.csv or a results directory."""
-    from splitkv_tune import table as table_mod
-
-    path = Path(trials)
-    trials_path = path / "trials.csv" if path.is_dir() else path
-    if from_storage:
-        from splitkv_tune import sweep as sweep_mod
-        journal = trials_path.parent / "optuna.journal"
-        if not journal.is_file():
-            raise click.BadParameter(f"no {journal}", param_hint="--from-storage")
-        storage = sweep_mod.open_storage(str(journal), journal.parent)
-        sweep_mod.rebuild_trials_csv(storage, trials_path)
-    if not trials_path.is_file():
-        raise click.BadParameter(f"{trials_path} does not exist", param_hint="TRIALS")
-    out = Path(output) if output else trials_path.parent / "heuristics.csv"
-    margin = table_mod.MIN_NOISE_MARGIN if min_margin is None else min_margin
-    result = table_mod.write_heuristics(trials_path, out, gpu, margin)
-    click.echo(f"{len(result)} shapes -> {out}")
 
 
 @click.command()

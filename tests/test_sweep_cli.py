@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from splitkv_tune import bench, compare, space, tunables
 from splitkv_tune.cli_tune import bench as bench_cmd
 from splitkv_tune.cli_tune import env as env_cmd
-from splitkv_tune.cli_tune import sweep as sweep_cmd
-from splitkv_tune.cli_tune import table as table_cmd
+from splitkv_tune.cli_sweep import sweep as sweep_cmd
+from splitkv_tune.cli_sweep import table as table_cmd
 from splitkv_tune.table import TRIALS_COLUMNS
 from splitkv_tune.table_schema import CONFIG_COLUMNS, HEURISTICS_COLUMNS, SHAPE_COLUMNS
 from splitkv_tune.tunables import Shape
