@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from splitkv_tune import space, tunables
+from splitkv_tune.cli_errors import STDOUT, check_output, exit_2_on_bad_input
 from splitkv_tune.tunables import Config, Shape
 
 BACKEND_OPTION = click.option("--backend", type=click.Choice(["cuda", "reference"]),
@@ -136,6 +137,20 @@ def _grid_shapes(grid, dtypes, head_dims, patterns):
     return grid_obj, shapes
 
 
+def _check_fits(shape: Shape, backend: str) -> None:
+    """A usage error for a shape whose sizes overflow or whose tensors cannot fit."""
+    from splitkv_tune import estimate
+    from splitkv_tune.table_schema import MAX_DIM
+    for name in ("batch", "q_heads", "kv_heads", "q_len", "kv_len"):
+        if getattr(shape, name) > MAX_DIM:
+            raise click.BadParameter(f"at most {MAX_DIM}, got {getattr(shape, name)}",
+                                     param_hint="--" + name.replace("_", "-"))
+    needs, available = estimate.shape_bytes(shape, backend), estimate.available_bytes(backend)
+    if available is not None and needs > available:
+        raise click.UsageError(f"bad shape: it needs about {estimate.human_bytes(needs)} on the "
+                               f"{backend} backend, which has {estimate.human_bytes(available)}")
+
+
 @click.command()
 @click.option("--batch", type=int, default=1, show_default=True)
 @click.option("--q-heads", type=int, default=32, show_default=True)
@@ -158,15 +173,17 @@ def _grid_shapes(grid, dtypes, head_dims, patterns):
                    "to time both side by side. Default on.")
 @BACKEND_OPTION
 @click.option("--no-check", is_flag=True, help="Skip the check against the reference.")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False),
-              help="Also write the rows here.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, allow_dash=True),
+              help="Also write the rows here; - prints them as CSV instead of the table.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 @click.option("--breakdown", is_flag=True,
               help="Also trace each config's kernels: time each adds per call, and launch gaps "
                    "(cuda backend).")
 @_timing_options
+@exit_2_on_bad_input
 def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, splits, block_kv,
-          reduce_threads, policy, merge, pdl, backend, no_check, csv_path, breakdown, warmup_s,
-          min_reps, max_time_s):
+          reduce_threads, policy, merge, pdl, backend, no_check, csv_path, as_json, breakdown,
+          warmup_s, min_reps, max_time_s):
     """Time one shape with one or several configs (the product of the lists)."""
     from splitkv_tune import bench as bench_mod
     from splitkv_tune import table
@@ -175,6 +192,8 @@ def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, spli
         shape = Shape(dtype, head_dim, batch, q_heads, kv_heads, q_len, kv_len, causal).validate()
     except ValueError as err:
         raise click.UsageError(f"bad shape: {err}")
+    _check_fits(shape, backend)
+    check_output(csv_path, "--csv", allow_stdout=True)
     configs = [Config(*values) for values in itertools.product(
         _parse_list(splits, "--splits", int), _parse_list(block_kv, "--block-kv", int),
         _parse_list(reduce_threads, "--reduce-threads", int), _parse_list(policy, "--policy", str))]
@@ -214,11 +233,20 @@ def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, spli
                      "reason": result.reason})
     import pandas as pd
     frame = pd.DataFrame(rows)
-    click.echo(f"{space.shape_key(shape)}  backend={backend}  device={shape_bench.device}  "
-               f"copy bandwidth {copy_bw:.1f} GB/s  bytes moved {shape.bytes_moved()}")
-    shown = frame.rename(columns={"median_us": "µs", "gbps": "GB/s", "pct_copy_bw": "% copy bw"})
-    click.echo(shown.to_string(index=False, float_format=lambda x: f"{x:.2f}", na_rep="-"))
-    if csv_path:
+    if as_json:
+        click.echo(json.dumps({"shape": space.shape_key(shape), "backend": backend,
+                               "device": str(shape_bench.device), "copy_bw_gbps": copy_bw,
+                               "bytes_moved": shape.bytes_moved(),
+                               "rows": json.loads(frame.to_json(orient="records"))}, indent=2))
+    elif csv_path == STDOUT:
+        click.echo(frame.to_csv(index=False), nl=False)
+    else:
+        click.echo(f"{space.shape_key(shape)}  backend={backend}  device={shape_bench.device}  "
+                   f"copy bandwidth {copy_bw:.1f} GB/s  bytes moved {shape.bytes_moved()}")
+        shown = frame.rename(columns={"median_us": "µs", "gbps": "GB/s",
+                                      "pct_copy_bw": "% copy bw"})
+        click.echo(shown.to_string(index=False, float_format=lambda x: f"{x:.2f}", na_rep="-"))
+    if csv_path and csv_path != STDOUT:
         table.atomic_write_csv(csv_path, frame)
     if breakdown:
         _print_breakdowns(runs, frame)
@@ -257,16 +285,17 @@ def _print_breakdowns(runs, frame) -> None:
               show_default=True)
 @click.option("--progress/--no-progress", default=None)
 @_timing_options
+@exit_2_on_bad_input
 def compare(grid, dtypes, head_dims, patterns, table_path, config_text, peers, with_no_pdl, backend,
             out_dir, progress, warmup_s, min_reps, max_time_s):
     """Ours vs SDPA flash, SDPA cuDNN and FlexAttention; writes compare.csv and compare.md."""
-    import pandas as pd
-
     from splitkv_tune import compare as compare_mod
     from splitkv_tune import meta
     from splitkv_tune import table as table_mod
+    from splitkv_tune.table_schema import read_heuristics
 
     grid_obj, shapes = _grid_shapes(grid, dtypes, head_dims, patterns)
+    check_output(out_dir, "--out", directory=True)
     peer_list = [p.strip() for p in peers.split(",") if p.strip()]
     unknown = sorted(set(peer_list) - set(compare_mod.PEERS))
     if unknown:
@@ -280,7 +309,7 @@ def compare(grid, dtypes, head_dims, patterns, table_path, config_text, peers, w
         except (IndexError, ValueError) as err:
             raise click.BadParameter(f"{config_text!r}: {err}", param_hint="--config")
     _backend_or_exit(backend)
-    heuristics = pd.read_csv(table_path, dtype={"split_policy": str}) if table_path else None
+    heuristics = read_heuristics(table_path) if table_path else None
     run_id = meta.make_run_id()
     results = compare_mod.run_compare(
         shapes, backend=backend, peers=peer_list, heuristics=heuristics, fixed=fixed,
@@ -296,6 +325,15 @@ def compare(grid, dtypes, head_dims, patterns, table_path, config_text, peers, w
     click.echo(markdown)
 
 
+def extension_status() -> dict:
+    """Whether the CUDA extension is built and imports, and why not."""
+    try:
+        import splitkv_tune._C  # noqa: F401
+    except Exception as err:  # ImportError, or an undefined symbol from a stale build
+        return {"built": False, "error": f"{type(err).__name__}: {err}"}
+    return {"built": True, "error": None}
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def env(as_json):
@@ -305,6 +343,7 @@ def env(as_json):
     info = meta.collect_meta()
     for run_only in ("run_id", "timestamp", "argv", "backend", "timing_method"):
         info.pop(run_only)
+    info["cuda_extension"] = extension_status()
     if as_json:
         click.echo(json.dumps(info, indent=2, sort_keys=True, default=str))
         return

@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import os
 import platform
@@ -37,6 +38,7 @@ INT_COLUMNS = ["trial", "head_dim", "causal", "batch", "q_heads", "kv_heads", "q
 _STATE_OF_STATUS = {"ok": optuna.trial.TrialState.COMPLETE,
                     "failed": optuna.trial.TrialState.FAIL, "wrong": optuna.trial.TrialState.FAIL}
 _RUNNING = optuna.trial.TrialState.RUNNING
+_ACTIVE_TRIAL_IDS: set[int] = set()  # trials this process is measuring right now
 
 
 def _process_start(pid: int) -> str | None:
@@ -53,7 +55,19 @@ def this_process() -> dict:
     return {"host": platform.node(), "pid": pid, "pid_start": _process_start(pid)}
 
 
-def _process_alive(owner: dict) -> bool:
+def claim(trial: optuna.Trial, config: Config) -> None:
+    """Record this process as the owner of ``trial``, which measures ``config``."""
+    _ACTIVE_TRIAL_IDS.add(trial._trial_id)
+    trial.set_user_attr(OWNER_ATTR, {**this_process(), **dataclasses.asdict(config)})
+
+
+def release(trial: optuna.Trial) -> None:
+    _ACTIVE_TRIAL_IDS.discard(trial._trial_id)
+
+
+def _process_alive(owner: dict, trial_id: int) -> bool:
+    if owner == {**owner, **this_process()}:  # this process: alive only if still measuring it
+        return trial_id in _ACTIVE_TRIAL_IDS
     pid = owner.get("pid")
     if not isinstance(pid, int):
         return False
@@ -96,7 +110,7 @@ def is_stale(trial: optuna.trial.FrozenTrial, now: _dt.datetime | None = None) -
         now = now or _dt.datetime.now()
         started = trial.datetime_start or now
         return (now - started).total_seconds() > UNCLAIMED_S
-    return owner.get("host") == platform.node() and not _process_alive(owner)
+    return owner.get("host") == platform.node() and not _process_alive(owner, trial._trial_id)
 
 
 def running_configs(study: optuna.Study) -> dict[Config, int]:

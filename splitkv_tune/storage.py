@@ -43,6 +43,16 @@ def _lock(path: Path):
     return JournalFileSymlinkLock(str(path), grace_period=JOURNAL_LOCK_GRACE_S)
 
 
+def clear_dangling_lock(path: Path) -> bool:
+    """Remove a journal lock whose symlink points nowhere (a relative target, as older versions
+    of this tool wrote): Optuna's stale-lock check cannot age it and would wait forever."""
+    lock = Path(str(path) + ".lock")
+    if lock.is_symlink() and not lock.exists():
+        lock.unlink(missing_ok=True)
+        return True
+    return False
+
+
 def _scan_journal(path: Path) -> int | None:
     """Byte offset where a torn last line starts (``None`` when the file is whole).
 
@@ -106,6 +116,10 @@ def open_journal(path: Path, *, repair: bool = True, create: bool = True):
     import optuna
 
     _check_parent(path, "journal")
+    if clear_dangling_lock(path):
+        import click
+        click.echo(f"warning: removed the journal lock {path}.lock, which pointed nowhere "
+                   f"(left by a killed process)", err=True)
     if path.exists():
         if repair:
             kept = repair_torn_tail(path)

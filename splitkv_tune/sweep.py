@@ -261,8 +261,7 @@ class ShapeRunner:
     def _claim(self, trial, config: Config) -> int | None:
         """Name this process as the trial's owner; the number of an earlier live trial that
         measures the same config (another sweep on the storage got there first), if any."""
-        trial.set_user_attr(records.OWNER_ATTR, {**records.this_process(),
-                                                 **dataclasses.asdict(config)})
+        records.claim(trial, config)
         earlier = records.running_configs(self.study).get(config)
         return earlier if earlier is not None and earlier < trial.number else None
 
@@ -272,6 +271,8 @@ class ShapeRunner:
             self.study.tell(trial, *args, **kwargs)
         except optuna.exceptions.UpdateFinishedTrialError:
             pass
+        finally:
+            records.release(trial)
 
     def _record(self, trial, config: Config, timing: bench.Timing, source: str) -> None:
         gbps = timing.gbps(self.shape.bytes_moved())
@@ -334,10 +335,10 @@ class ShapeRunner:
             streak = 0
             try:
                 timing = shape_bench_factory().measure(actual)
-            except BaseException:  # Ctrl-C or SIGTERM: the trial will not be finished here
+                self._record(trial, actual, timing, source if config == actual else "sampler")
+            except BaseException:  # Ctrl-C or SIGTERM: this trial is not finished (again)
                 self._tell(trial, state=optuna.trial.TrialState.FAIL)
                 raise
-            self._record(trial, actual, timing, source if config == actual else "sampler")
             timed += 1
             if on_trial is not None:
                 on_trial(timing)

@@ -171,7 +171,7 @@ def test_failing_and_wrong_configs_are_recorded_with_reasons(grid, tmp_path, mon
         optuna.storages.journal.JournalFileBackend(str(out / "optuna.journal")))
     states = [t.state for s in optuna.get_all_study_summaries(storage)
               for t in optuna.load_study(study_name=s.study_name, storage=storage).trials
-              if t.user_attrs.get("num_splits") == 4]
+              if t.user_attrs.get("record", {}).get("num_splits") == 4]
     assert states and all(s == optuna.trial.TrialState.FAIL for s in states)
 
 
