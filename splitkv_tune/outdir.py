@@ -67,6 +67,9 @@ def current_winners(out_dir: Path, force: bool = False) -> pd.DataFrame | None:
     path = Path(out_dir) / OWN_FILES[1]
     if not path.is_file():
         return None
+    raw = _raw(path)
+    if raw is not None and not len(raw) and "run_id" in raw.columns:
+        return None  # a sweep's table before its first winner
     try:
         return read_heuristics(path)
     except TableError:

@@ -352,12 +352,20 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
     """Run (or resume) the sweep; write trials.csv, heuristics.csv and the run's metadata."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out_dir = Path(plan.out_dir)
+    journal = None if storage_mod.is_rdb_url(plan.storage) \
+        else storage_mod.journal_path(plan.storage, out_dir)
+    new_journal = journal is not None and not journal.exists()
     storage = storage_mod.open_storage(plan.storage, out_dir)
-    check_existing_studies(plan, storage)
-    if not plan.force:
-        outdir.check_not_foreign(out_dir, records.trials_frame(storage),
-                                 storage_mod.describe(plan.storage, out_dir))
-    winners = outdir.current_winners(out_dir, plan.force)
+    try:
+        check_existing_studies(plan, storage)
+        if not plan.force:
+            outdir.check_not_foreign(out_dir, records.trials_frame(storage),
+                                     storage_mod.describe(plan.storage, out_dir))
+        winners = outdir.current_winners(out_dir, plan.force)
+    except BaseException:
+        if new_journal and journal.stat().st_size == 0:  # refused: leave no trace
+            journal.unlink()
+        raise
     out_dir.mkdir(parents=True, exist_ok=True)
     outdir.remove_stale_temporaries(out_dir)
     trials_path, heuristics_path = out_dir / "trials.csv", out_dir / "heuristics.csv"

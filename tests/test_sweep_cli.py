@@ -1,5 +1,6 @@
 """The tuning CLI end to end on the reference backend (CPU): sweep, resume, failures, table."""
 import json
+from pathlib import Path
 
 import optuna
 import pandas as pd
@@ -17,18 +18,7 @@ from splitkv_tune.table import TRIALS_COLUMNS
 from splitkv_tune.table_schema import CONFIG_COLUMNS, HEURISTICS_COLUMNS, SHAPE_COLUMNS
 from splitkv_tune.tunables import Shape
 
-TINY_GRID = {
-    "name": "tiny",
-    "shapes": [
-        {"dtype": "bf16", "head_dim": 64, "q_heads": 4, "kv_heads": 2, "batch": 1, "q_len": 1,
-         "kv_len": 256},
-        {"dtype": "fp16", "head_dim": 64, "q_heads": 4, "kv_heads": 4, "batch": 2, "q_len": 4,
-         "kv_len": 128, "causal": True},
-    ],
-    "space": {"num_splits": [1, 2, 4], "block_kv": [32, 64], "reduce_threads": [128],
-              "split_policy": ["blocks"]},
-    "timing": {"warmup_s": 0.0, "min_reps": 3, "max_time_s": 0.0},
-}
+TINY_GRID = yaml.safe_load((Path(__file__).parent / "fixtures" / "tiny_grid.yaml").read_text())
 
 
 @pytest.fixture
