@@ -59,12 +59,6 @@ def atomic_write_csv(path, frame: pd.DataFrame) -> Path:
     return atomic_write_text(path, frame.to_csv(index=False))
 
 
-def read_trials(path) -> pd.DataFrame:
-    """Load a trials.csv, keeping ``reason`` and ``split_policy`` as strings."""
-    return pd.read_csv(path, dtype={"reason": str, "split_policy": str, "run_id": str},
-                       keep_default_na=True)
-
-
 def _shape_of(row) -> tunables.Shape:
     return tunables.Shape(str(row["dtype"]), int(row["head_dim"]), int(row["batch"]),
                           int(row["q_heads"]), int(row["kv_heads"]), int(row["q_len"]),
@@ -173,7 +167,8 @@ def lookup_config(table: pd.DataFrame, shape: tunables.Shape) -> tunables.Config
 
 def write_heuristics(trials_path, out_path, gpu: str | None = None,
                      min_margin: float = MIN_NOISE_MARGIN) -> pd.DataFrame:
-    """Read trials.csv, build the table and write it atomically; return it."""
+    """Read trials.csv (validated), build the table and write it atomically; return it."""
+    from splitkv_tune.table_schema import read_trials
     table = build_heuristics(read_trials(trials_path), gpu, min_margin)
     atomic_write_csv(out_path, table)
     return table
