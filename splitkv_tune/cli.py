@@ -4,6 +4,7 @@ import click
 from splitkv_tune.cli_tables import evaluate, export, plot, select
 from splitkv_tune.cli_sweep import sweep, table
 from splitkv_tune.cli_tune import bench, compare, env
+from splitkv_tune.cli_worker import worker
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -12,7 +13,7 @@ def main() -> None:
     """Tune and benchmark the split-KV FlashAttention kernel; export heuristic tables."""
 
 
-for command in (bench, sweep, table, compare, env, select, evaluate, export, plot):
+for command in (bench, sweep, worker, table, compare, env, select, evaluate, export, plot):
     main.add_command(command)
 
 

@@ -88,13 +88,17 @@ def _refuse_too_big(summary: dict) -> None:
               help="Write a table named by --gpu on another device, and overwrite results in "
                    "--out that this storage did not write.")
 @click.option("--seed", type=SEED_RANGE, default=0, show_default=True)
+@click.option("--workers", "workers_text", default=None,
+              help="Measure in N worker processes, or auto: one per visible GPU (each pinned "
+                   "with CUDA_VISIBLE_DEVICES); on --backend reference, N CPU processes. "
+                   "Default: measure in this process.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bars (default: on a terminal).")
 @_timing_options
 @exit_2_on_bad_input
 def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, storage,
-          study_prefix, backend, out_dir, dry_run, as_json, resume, force, seed, progress,
-          warmup_s, min_reps, max_time_s):
+          study_prefix, backend, out_dir, dry_run, as_json, resume, force, seed, workers_text,
+          progress, warmup_s, min_reps, max_time_s):
     """Search the best config per shape with Optuna; write trials.csv and heuristics.csv."""
     from splitkv_tune import gpus
     from splitkv_tune import sweep as sweep_mod
@@ -116,6 +120,13 @@ def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, 
     if not dry_run:
         check_output(out, "--out", directory=True)
         _check_storage_path(storage)
+    count = 0
+    if workers_text is not None:
+        from splitkv_tune.workers import worker_count
+        try:
+            count = worker_count(workers_text, backend)
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--workers")
     profile = gpus.profile_for(table_gpu)
     plan = sweep_mod.SweepPlan(
         gpu=table_gpu, grid=grid_obj, shapes=shapes, backend=backend, out_dir=out,
@@ -123,7 +134,7 @@ def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, 
         time_budget_s=budget, resume=resume, seed=seed,
         timing=_timing(grid_obj.timing, warmup_s, min_reps, max_time_s),
         num_sms=_num_sms(backend, table_gpu), smem_limit=_smem_limit(backend, profile),
-        force=force)
+        force=force, workers=count)
     summary = sweep_mod.dry_run_summary(plan)
     if dry_run:
         _print_dry_run(summary, plan, as_json)
@@ -139,7 +150,7 @@ def _run(sweep_mod, plan, progress) -> None:
         result = sweep_mod.run_sweep(plan, argv=sys.argv, progress=progress)
     except (sweep_mod.StudyExists, ForeignResults) as err:
         fail(str(err))
-    except sweep_mod.SweepAborted as err:
+    except (sweep_mod.SweepAborted, sweep_mod.WorkersFailed) as err:
         click.echo(f"error: sweep stopped: {err}", err=True)
         sys.exit(3)
     except (KeyboardInterrupt, sweep_mod.SweepTerminated) as err:

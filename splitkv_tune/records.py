@@ -15,10 +15,12 @@
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import os
 import platform
+import threading
 import warnings
 from pathlib import Path
 
@@ -53,6 +55,42 @@ def _process_start(pid: int) -> str | None:
 def this_process() -> dict:
     pid = os.getpid()
     return {"host": platform.node(), "pid": pid, "pid_start": _process_start(pid)}
+
+
+def default_provenance(backend: str, worker: str | None = None) -> dict:
+    """Who measured a trial: the worker's name, its host and the device it ran on."""
+    host = platform.node()
+    if backend == "reference":
+        device = "cpu"
+    else:
+        device = "cuda:" + os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    return {"worker": worker or f"{host}:{os.getpid()}", "host": host, "device": device}
+
+
+@contextlib.contextmanager
+def heartbeat(storage, trial: optuna.Trial):
+    """Beat for ``trial`` while the block runs, where the storage has Optuna's heartbeat (RDB
+    with ``heartbeat_interval``): another worker's ``fail_stale_trials`` then fails it only
+    when this process stops beating, on whatever host it runs."""
+    interval = getattr(storage, "get_heartbeat_interval", lambda: None)()
+    if not interval:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat():
+        while True:
+            storage.record_heartbeat(trial._trial_id)
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def claim(trial: optuna.Trial, config: Config) -> None:

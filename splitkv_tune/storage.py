@@ -5,7 +5,8 @@
   lock is a symlink to the journal and Optuna's stale-lock check follows it: a relative target
   resolves against the link's own directory, never exists, and a lock left by a killed process
   would then be waited on forever.
-* An RDB URL (``sqlite:///...``, ``postgresql://...``): Optuna's ``RDBStorage``.
+* An RDB URL (``sqlite:///...``, ``postgresql://...``): Optuna's ``RDBStorage`` with its
+  heartbeat, so that workers on several machines retry each other's abandoned trials.
 
 Before the journal is used its every line is checked. A torn last line (a kill or a full disk
 in the middle of an append) is cut off under the journal's lock and kept next to it as
@@ -23,6 +24,10 @@ from pathlib import Path
 JOURNAL_NAME = "optuna.journal"
 JOURNAL_LOCK_GRACE_S = 10  # appends hold the lock for milliseconds; a lock this old is a kill's
 RDB_SCHEMES = ("sqlite", "postgresql", "mysql")
+# A trial whose worker has not beaten for HEARTBEAT_GRACE_S is failed by the next worker that
+# looks, and retried (RetryFailedTrialCallback); measuring one config takes seconds at most.
+HEARTBEAT_INTERVAL_S = 5
+HEARTBEAT_GRACE_S = 20
 
 
 class StorageError(Exception):
@@ -174,7 +179,9 @@ def open_rdb(url: str):
 
     _check_rdb_url(url)
     try:
-        return optuna.storages.RDBStorage(url, skip_table_creation=False)
+        return optuna.storages.RDBStorage(
+            url, heartbeat_interval=HEARTBEAT_INTERVAL_S, grace_period=HEARTBEAT_GRACE_S,
+            failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=3))
     except ImportError as err:
         raise StorageError(f"--storage {url!r}: its database driver is not installed "
                            f"({err})") from None

@@ -88,6 +88,10 @@ def _raise_on_sigterm():
     return signal.signal(signal.SIGTERM, handler)
 
 
+class WorkersFailed(RuntimeError):
+    """Worker processes stopped with errors before every trial was measured."""
+
+
 class StudyExists(Exception):
     """The storage already holds trials for a study and ``--resume`` was not given."""
 
@@ -138,6 +142,7 @@ class SweepPlan:
     num_sms: int = 132
     smem_limit: int | None = None
     force: bool = False
+    workers: int = 0  # local worker processes; 0 measures in this process
 
     @property
     def prefix(self) -> str:
@@ -218,8 +223,10 @@ class ShapeRunner:
     """Runs the trials of one shape's study."""
 
     def __init__(self, plan: SweepPlan, shape: Shape, storage, run_id: str,
-                 copy_bw_gbps: float, winner: Config | None):
+                 copy_bw_gbps: float, winner: Config | None, provenance: dict | None = None):
         self.plan, self.shape, self.run_id, self.copy_bw = plan, shape, run_id, copy_bw_gbps
+        self.provenance = provenance or records.default_provenance(plan.backend)
+        self.storage = storage
         extra = [winner.num_splits] if winner else []
         self.candidates = plan.candidates(shape, extra)
         self.mode = plan.sampler_for(len(self.candidates))
@@ -231,7 +238,8 @@ class ShapeRunner:
                                          load_if_exists=True)
         for key, value in (("shape", dataclasses.asdict(shape)), ("gpu", plan.gpu),
                            ("backend", plan.backend)):
-            self.study.set_user_attr(key, value)
+            if self.study.user_attrs.get(key) != value:  # each worker opens every study
+                self.study.set_user_attr(key, value)
         self.recovered = records.recover_interrupted(self.study)
         priority = [space.fa2_config(shape, plan.num_sms)] + ([winner] if winner else [])
         self.priority = [(project(c, self.candidates), src)
@@ -284,7 +292,8 @@ class ShapeRunner:
                  "input_sets": timing.input_sets, "max_abs_err": timing.max_abs_err,
                  "workspace_bytes": tunables.workspace_bytes(self.shape, config.num_splits),
                  "run_id": self.run_id, "source": source,
-                 "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+                 "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                 **self.provenance}
         record = {k: None if isinstance(v, float) and math.isnan(v) else v
                   for k, v in attrs.items()}
         trial.set_user_attr(records.RECORD_ATTR, record)  # one write: all fields or none
@@ -300,6 +309,13 @@ class ShapeRunner:
         else:
             self._tell(trial, state=optuna.trial.TrialState.FAIL)
 
+    def running_elsewhere(self) -> bool:
+        """Whether configs this runner left unmeasured are being measured by other workers
+        (which may still die and leave them to be retried)."""
+        if sum(c in self.done() for c in self.candidates) >= self.target:
+            return False
+        return bool(records.running_configs(self.study))
+
     def run(self, shape_bench_factory, deadline: float | None, on_trial=None) -> int:
         """Measure until the target, the candidates or the deadline run out; return trials timed."""
         timed, streak = 0, 0
@@ -312,6 +328,7 @@ class ShapeRunner:
                 return timed
             if streak >= MAX_DUPLICATE_STREAK:
                 return timed
+            self.recovered += records.recover_interrupted(self.study)  # a worker may have died
             running = records.running_configs(self.study)
             config, source = self._next_enqueue(done, running)
             if config is None and self.mode == "grid":
@@ -334,7 +351,8 @@ class ShapeRunner:
                 continue
             streak = 0
             try:
-                timing = shape_bench_factory().measure(actual)
+                with records.heartbeat(self.storage, trial):
+                    timing = shape_bench_factory().measure(actual)
                 self._record(trial, actual, timing, source if config == actual else "sampler")
             except BaseException:  # Ctrl-C or SIGTERM: this trial is not finished (again)
                 self._tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -394,13 +412,27 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
             last_rebuild[0] = time.monotonic()
 
     disable = None if progress is None else not progress  # None: only on a terminal
-    shape_bar = tqdm(plan.shapes, desc="shapes", unit="shape", disable=disable)
+    bars_off = True if plan.workers else disable  # the workers' progress view replaces them
+    shape_bar = tqdm(plan.shapes, desc="shapes", unit="shape", disable=bars_off)
     planned = sum(plan.trial_target(len(plan.candidates(shape))) for shape in plan.shapes)
-    trial_bar = tqdm(total=planned, desc="trials", unit="trial", disable=disable)
+    trial_bar = tqdm(total=planned, desc="trials", unit="trial", disable=bars_off)
     status = "interrupted"
     previous_handler = _raise_on_sigterm()
     try:
-        for i, shape in enumerate(shape_bar):
+        if plan.workers:
+            from splitkv_tune import workers
+            codes = workers.run_local(plan, storage, run_id, copy_bw, winners, disable,
+                                      lambda: rebuild_trials_csv(storage, trials_path, plan.gpu))
+            totals["workers"] = codes
+            frame = rebuild_trials_csv(storage, trials_path, plan.gpu)
+            mine = frame[frame["run_id"].astype(str).str.startswith(run_id + ".")]
+            totals["timed"], totals["failed"] = len(mine), int((mine["status"] != "ok").sum())
+            left = planned - len(frame)
+            if any(codes.values()) and left > 0:
+                raise WorkersFailed(f"workers {sorted(n for n, c in codes.items() if c)} "
+                                    f"stopped with errors and {left} trials are left; "
+                                    f"rerun with --resume")
+        for i, shape in enumerate([] if plan.workers else shape_bar):
             shape_bar.set_postfix_str(space.shape_key(shape))
             deadline = None
             if plan.time_budget_s is not None:
@@ -431,7 +463,7 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
             table.atomic_write_csv(heuristics_path, table.build_heuristics(frame))
             last_rebuild[0] = time.monotonic()
         status = "completed"
-    except SweepAborted:
+    except (SweepAborted, WorkersFailed):
         status = "aborted"
         raise
     except SweepTerminated:

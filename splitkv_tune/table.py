@@ -6,7 +6,8 @@
 ``status`` (ok | failed | wrong), ``reason``, ``gbps`` (bytes moved / median, 1e9 B/s),
 ``frac_copy_bw`` (gbps / copy bandwidth measured in the same run), ``copy_bw_gbps``,
 ``method`` (cuda_graph | cuda_events | wallclock), ``input_sets``, ``max_abs_err``,
-``source`` (fa2 | table | sampler | grid) and ``finished_at``.
+``source`` (fa2 | table | sampler | grid), ``finished_at``, and who measured it: ``worker``
+(its name), ``host`` and ``device`` (``cuda:<index>`` or ``cpu``).
 
 Choosing a winner per shape (``build_heuristics``): only ``status == "ok"`` rows with a
 finite, positive median count. The fastest config sets the noise margin
@@ -31,7 +32,7 @@ TRIALS_COLUMNS = (
     ["gpu", "run_id", "study", "trial", "backend"] + SHAPE_COLUMNS + CONFIG_COLUMNS
     + ["workspace_bytes", "median_us", "p20_us", "p80_us", "iqr_us", "n", "status", "reason",
        "gbps", "frac_copy_bw", "copy_bw_gbps", "method", "input_sets", "max_abs_err",
-       "source", "finished_at"]
+       "source", "finished_at", "worker", "host", "device"]
 )
 MIN_NOISE_MARGIN = 0.01
 
