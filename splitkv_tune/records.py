@@ -11,7 +11,10 @@
   and told FAIL, only when its owner is a process of this host that no longer runs (or it never
   got an owner within ``UNCLAIMED_S``); a running trial of another live sweep is left alone.
   On an RDB storage, Optuna's heartbeat also fails trials of any host that stopped beating.
-* ``trials.csv`` is rebuilt from the storage, never appended to, so it always matches it.
+* ``trials.csv`` is rebuilt from the storage, never appended to, so it always matches it, with
+  the first measurement of each config only: workers that raced to the same config (rare: each
+  checks for a live trial of it after naming itself its owner) measure it twice, but it counts
+  once.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from splitkv_tune.table_schema import SHAPE_COLUMNS
 from splitkv_tune.tunables import Config
 
 RECORD_ATTR = "record"
+RECORD_SCHEMA = 1  # study user attr ``record_schema``: how this version stores trials
 OWNER_ATTR = "owner"
 DUPLICATE_ATTR = "duplicate_of"
 UNCLAIMED_S = 60.0
@@ -126,6 +130,18 @@ def config_of(trial: optuna.trial.FrozenTrial) -> Config | None:
                   int(attrs["reduce_threads"]), str(attrs["split_policy"]))
 
 
+def schema_problem(study: optuna.Study) -> str | None:
+    """Why this version cannot continue ``study`` (written by another version), else None."""
+    found = study.user_attrs.get("record_schema")
+    if found is None and not study.get_trials(deepcopy=False):
+        return None
+    if found != RECORD_SCHEMA:
+        return (f"study {study.study_name!r} was written by another version of splitkv-tune "
+                f"(record schema {found!r}, this version reads {RECORD_SCHEMA}); use a new "
+                f"--storage or --study-prefix")
+    return None
+
+
 def is_measurement(trial: optuna.trial.FrozenTrial) -> bool:
     record = trial.user_attrs.get(RECORD_ATTR)
     return (isinstance(record, dict) and DUPLICATE_ATTR not in trial.user_attrs
@@ -180,9 +196,11 @@ def trial_rows(study: optuna.Study) -> list[dict]:
     rows = []
     if shape is None:
         return rows
+    seen = set()
     for trial in study.get_trials(deepcopy=False):
-        if not is_measurement(trial):
-            continue
+        if not is_measurement(trial) or config_of(trial) in seen:
+            continue  # a second measurement of a config (two workers raced) counts once
+        seen.add(config_of(trial))
         record = trial.user_attrs[RECORD_ATTR]
         row = {"gpu": study.user_attrs.get("gpu"), "study": study.study_name,
                "trial": trial.number, "backend": study.user_attrs.get("backend")}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import warnings
 from pathlib import Path
 
 JOURNAL_NAME = "optuna.journal"
@@ -171,6 +172,29 @@ def _check_rdb_url(url: str):
     return parsed
 
 
+def _with_driver(url: str) -> str:
+    """``postgresql://`` means SQLAlchemy's default driver, psycopg2; where only psycopg 3 is
+    installed, use that one."""
+    import importlib.util
+    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg2") is None \
+            and importlib.util.find_spec("psycopg") is not None:
+        return "postgresql+psycopg://" + url[len("postgresql://"):]
+    return url
+
+
+def _retry_callback() -> dict:
+    """Optuna's retry of stale trials (RetryHeartbeatStaleTrialCallback from Optuna 4.9,
+    RetryFailedTrialCallback before): a failed stale trial comes back as a WAITING one."""
+    import inspect
+
+    import optuna
+    names = inspect.signature(optuna.storages.RDBStorage).parameters
+    if "heartbeat_stale_trial_callback" in names:
+        return {"heartbeat_stale_trial_callback":
+                optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3)}
+    return {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=3)}
+
+
 def open_rdb(url: str):
     """Optuna's RDB storage on ``url``; bad URLs, unreachable servers and foreign schemas are
     StorageErrors, and nothing is written to a database whose schema this Optuna cannot read."""
@@ -179,9 +203,11 @@ def open_rdb(url: str):
 
     _check_rdb_url(url)
     try:
-        return optuna.storages.RDBStorage(
-            url, heartbeat_interval=HEARTBEAT_INTERVAL_S, grace_period=HEARTBEAT_GRACE_S,
-            failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=3))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                _with_driver(url), heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                grace_period=HEARTBEAT_GRACE_S, **_retry_callback())
     except ImportError as err:
         raise StorageError(f"--storage {url!r}: its database driver is not installed "
                            f"({err})") from None

@@ -37,6 +37,7 @@ import random
 import signal
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import optuna
@@ -236,8 +237,11 @@ class ShapeRunner:
         self.study = optuna.create_study(storage=storage, study_name=plan.study_name(shape),
                                          direction="minimize", sampler=sampler,
                                          load_if_exists=True)
+        problem = records.schema_problem(self.study)
+        if problem:
+            raise storage_mod.StorageError(problem)
         for key, value in (("shape", dataclasses.asdict(shape)), ("gpu", plan.gpu),
-                           ("backend", plan.backend)):
+                           ("backend", plan.backend), ("record_schema", records.RECORD_SCHEMA)):
             if self.study.user_attrs.get(key) != value:  # each worker opens every study
                 self.study.set_user_attr(key, value)
         self.recovered = records.recover_interrupted(self.study)
@@ -335,7 +339,9 @@ class ShapeRunner:
                 return timed
             if config is not None:
                 self.study.enqueue_trial(dataclasses.asdict(config))
-            trial = self.study.ask()
+            with warnings.catch_warnings():  # ask/tell beats by itself (records.heartbeat)
+                warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
+                trial = self.study.ask()
             actual = self._suggest(trial)
             if actual in done:
                 earlier = done[actual]
