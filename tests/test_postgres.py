@@ -42,7 +42,7 @@ def _server_bin() -> Path | None:
 SERVER_BIN = _server_bin()
 DRIVER = importlib.util.find_spec("psycopg") or importlib.util.find_spec("psycopg2")
 pytestmark = pytest.mark.skipif(
-    SERVER_BIN is None or DRIVER is None,
+    (SERVER_BIN is None and not os.environ.get("SPLITKV_TEST_POSTGRES_URL")) or DRIVER is None,
     reason="needs the PostgreSQL server (Debian package postgresql) and psycopg; "
            ".ci/run installs both")
 
@@ -60,7 +60,12 @@ def _as_postgres(cmd: list[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def postgres():
-    """URL of a fresh PostgreSQL server, stopped (and its files removed) afterwards."""
+    """URL of a PostgreSQL server: ``SPLITKV_TEST_POSTGRES_URL`` (the one ``.ci/run`` starts),
+    else a fresh one, stopped (and its files removed) afterwards."""
+    given = os.environ.get("SPLITKV_TEST_POSTGRES_URL")
+    if given:
+        yield given
+        return
     root = Path(tempfile.mkdtemp(prefix="splitkv-pg-"))  # not under pytest's root-only tmp
     data = root / "data"
     if os.geteuid() == 0:
