@@ -171,9 +171,12 @@ def _run(sweep_mod, plan, progress) -> None:
 @click.option("--min-margin", type=click.FloatRange(min=0, max=1), default=None,
               help="Smallest relative noise margin for ties (default 0.01).")
 @click.option("--from-storage", is_flag=True,
-              help="First rebuild trials.csv from <dir>/optuna.journal (after a killed sweep).")
+              help="First rebuild trials.csv from the sweep's storage (after a killed sweep).")
+@click.option("--storage", default=None,
+              help="With --from-storage: a database URL or journal file "
+                   "(default <dir>/optuna.journal).")
 @exit_2_on_bad_input
-def table(trials, output, gpu, min_margin, from_storage):
+def table(trials, output, gpu, min_margin, from_storage, storage):
     """Build heuristics.csv (best config per shape) from a trials.csv or a results directory."""
     import pandas as pd
 
@@ -184,14 +187,18 @@ def table(trials, output, gpu, min_margin, from_storage):
     trials_path = path / "trials.csv" if path.is_dir() else path
     out = Path(output) if output else trials_path.parent / "heuristics.csv"
     check_output(output if output == STDOUT else out, "-o", allow_stdout=True)
+    if storage and not from_storage:
+        raise click.UsageError("--storage goes with --from-storage")
     if from_storage:
         from splitkv_tune import records, storage as storage_mod
-        journal = trials_path.parent / storage_mod.JOURNAL_NAME
-        if not journal.is_file():
-            raise click.BadParameter(f"no {journal}", param_hint="--from-storage")
+        if not storage_mod.is_rdb_url(storage):
+            journal = storage_mod.journal_path(storage, trials_path.parent)
+            if not journal.is_file():
+                raise click.BadParameter(f"no {journal}", param_hint="--from-storage")
         check_output(trials_path, "TRIALS")
-        storage = storage_mod.open_journal(journal.absolute(), repair=False, create=False)
-        records.rebuild_trials_csv(storage, trials_path)
+        opened = storage_mod.open_storage(storage, trials_path.parent, repair=False,
+                                          create=False)
+        records.rebuild_trials_csv(opened, trials_path)
     if not trials_path.is_file():
         raise click.BadParameter(f"{trials_path} does not exist", param_hint="TRIALS")
     margin = table_mod.MIN_NOISE_MARGIN if min_margin is None else min_margin

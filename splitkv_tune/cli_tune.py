@@ -4,7 +4,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import sys
 from pathlib import Path
 
 import click

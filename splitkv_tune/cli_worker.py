@@ -69,8 +69,7 @@ def worker(storage, gpu, grid, dtypes, head_dims, patterns, trials, time_budget,
     _backend_or_exit(backend)
     if out_dir:
         check_output(out_dir, "--out", directory=True)
-    opened = storage_mod.open_storage(storage, Path(storage).parent if not
-                                      storage_mod.is_rdb_url(storage) else ".", create=False)
+    opened = storage_mod.open_storage(storage, ".", create=False)  # --storage names it
     plan = sweep_mod.SweepPlan(
         gpu=table_gpu, grid=grid_obj, shapes=shapes, backend=backend,
         out_dir=Path(out_dir) if out_dir else None, storage=storage, study_prefix=study_prefix,

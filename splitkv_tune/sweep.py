@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 from splitkv_tune import bench, estimate, gpus, meta, outdir, records, space, table, tunables
 from splitkv_tune import storage as storage_mod
 from splitkv_tune.records import rebuild_trials_csv
-from splitkv_tune.table_schema import CONFIG_COLUMNS, SHAPE_COLUMNS
+from splitkv_tune.table_schema import CONFIG_COLUMNS
 from splitkv_tune.tunables import Config, Shape
 
 GRID_MAX = 256

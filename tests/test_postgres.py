@@ -24,6 +24,7 @@ from click.testing import CliRunner
 
 from splitkv_tune import records, space, storage as storage_mod
 from splitkv_tune.cli_sweep import sweep as sweep_cmd
+from splitkv_tune.cli_sweep import table as table_cmd
 from splitkv_tune.cli_worker import worker as worker_cmd
 from splitkv_tune.table_schema import CONFIG_COLUMNS, SHAPE_COLUMNS, read_trials
 
@@ -134,6 +135,11 @@ def test_two_workers_on_postgres_merge_into_the_results_of_one(grid, tmp_path, d
                                                       "--workers", "2"))
     assert result.exit_code == 0, result.output
     multi = assert_every_point_once(tmp_path / "multi")
+    (tmp_path / "multi" / "trials.csv").unlink()
+    rebuilt = CliRunner().invoke(table_cmd, [str(tmp_path / "multi"), "--from-storage",
+                                             "--storage", database])
+    assert rebuilt.exit_code == 0, rebuilt.output
+    assert len(assert_every_point_once(tmp_path / "multi")) == len(multi)
     key = SHAPE_COLUMNS + CONFIG_COLUMNS
     assert set(map(tuple, multi[key].astype(str).to_numpy())) == \
         set(map(tuple, assert_every_point_once(tmp_path / "single")[key].astype(str).to_numpy()))

@@ -118,12 +118,11 @@ def test_kill_9_of_a_worker_mid_trial_then_the_others_complete(grid, tmp_path):
     assert not ((trials.study == victim[1]) & (trials.trial == victim[2])).any()
 
 
-def test_a_worker_joins_a_sweep_from_elsewhere(grid, tmp_path, monkeypatch):
+def test_a_worker_joins_a_sweep_from_elsewhere(grid, tmp_path):
+    """The sweep measured one shape; a worker given the whole grid measures the other."""
     out = tmp_path / "out"
     first = CliRunner().invoke(sweep_cmd, sweep_args(grid, out, "--shapes", "bf16_*"))
     assert first.exit_code == 0, first.output
-    second = CliRunner().invoke(sweep_cmd, sweep_args(grid, tmp_path / "other", "--dry-run"))
-    assert second.exit_code == 0
     journal = str(out / "optuna.journal")
     result = CliRunner().invoke(worker_cmd, ["--storage", journal, "--backend", "reference",
                                              "--grid", str(grid), "--name", "remote"])
@@ -153,3 +152,21 @@ def test_bad_workers_option(grid, tmp_path):
         result = CliRunner().invoke(sweep_cmd, sweep_args(grid, tmp_path / "out", "--workers",
                                                           value))
         assert result.exit_code == 2 and "--workers" in result.output, result.output
+
+
+def test_progress_view_counts_per_worker_and_gives_an_eta(grid, tmp_path):
+    from splitkv_tune import progress, sweep
+    out = tmp_path / "out"
+    assert CliRunner().invoke(sweep_cmd, sweep_args(grid, out, "--workers", "2")).exit_code == 0
+    plan = sweep.SweepPlan(gpu="cpu_reference", grid=space.parse_grid(TINY_GRID),
+                           shapes=list(space.parse_grid(TINY_GRID).shapes), out_dir=out)
+    storage = storage_mod.open_storage(None, out)
+    snap = progress.snapshot(storage, plan)
+    assert snap["done"] == snap["planned"] == n_candidates()
+    assert sum(c["done"] for c in snap["per_worker"].values()) == n_candidates()
+    assert set(snap["per_worker"]) == {"w0", "w1"}
+    lines = []
+    view = progress.ProgressView(storage, plan, lines.append)
+    view(force=True)
+    assert f"{n_candidates()}/{n_candidates()} trials" in lines[0]
+    assert "w0:" in lines[0] and "running" in lines[0] and "ETA" in lines[0]
