@@ -3,7 +3,7 @@
 * cuda: a call moves ``Shape.bytes_moved()`` at the GPU profile's copy bandwidth, and the
   inputs rotate over enough sets to fill twice the L2 (``bench.input_sets_needed``).
 * reference: the PyTorch reference on the CPU does ``4·B·Hq·Sq·Sk·D`` flops per call at the
-  rate this machine's matmul reaches (measured once, briefly), in float32, with K and V
+  rate it reaches on a calibration shape here (measured once, briefly), in float32, with K and V
   repeated to every query head and a few ``B·Hq·Sq·Sk`` score matrices alive at once.
 
 A trial is the warm-up (at least one call), the samples (at least ``min_reps`` calls and at
@@ -23,19 +23,26 @@ from splitkv_tune.tunables import Shape
 TRIAL_OVERHEAD_S = 0.05
 SCORE_MATRICES = 3  # scores, probabilities and the mask's copy, as float32
 FP32 = 4
+CALIBRATION_SHAPE = Shape("bf16", 128, 1, 32, 8, 1, 4096)
 
 
 @functools.lru_cache(maxsize=None)
 def cpu_flops_per_s() -> float:
-    """Float32 matmul rate of this CPU with torch's threads (about 0.1 s to measure)."""
+    """Attention flops per second the PyTorch reference reaches on this CPU: the best of a few
+    calls on a calibration shape after a warm-up (about 0.1 s)."""
     import torch
-    a = torch.randn(256, 256)
-    b = torch.randn(256, 256)
-    calls, start = 0, time.perf_counter()
-    while time.perf_counter() - start < 0.1:
-        a @ b
-        calls += 1
-    return calls * 2 * 256 ** 3 / (time.perf_counter() - start)
+
+    from splitkv_tune.reference import splitkv_attention_ref
+    shape = CALIBRATION_SHAPE
+    q = torch.randn(shape.batch, shape.q_len, shape.q_heads, shape.head_dim).bfloat16()
+    k = torch.randn(shape.batch, shape.kv_len, shape.kv_heads, shape.head_dim).bfloat16()
+    splitkv_attention_ref(q, k, k, num_splits=4)
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        splitkv_attention_ref(q, k, k, num_splits=4)
+        best = min(best, time.perf_counter() - start)
+    return shape_flops(shape) / best
 
 
 def shape_flops(shape: Shape) -> int:
