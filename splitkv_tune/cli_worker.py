@@ -54,7 +54,7 @@ def worker(storage, gpu, grid, dtypes, head_dims, patterns, trials, time_budget,
     """Join a running sweep (its storage) and measure its configs."""
     from pathlib import Path
 
-    from splitkv_tune import gpus, meta, records, storage as storage_mod
+    from splitkv_tune import gpus, meta, records, storage as storage_mod, termination
     from splitkv_tune import sweep as sweep_mod
     from splitkv_tune import workers
 
@@ -83,7 +83,7 @@ def worker(storage, gpu, grid, dtypes, head_dims, patterns, trials, time_budget,
         fail(str(err))
     run_id = run_id or meta.make_run_id()
     provenance = records.default_provenance(backend, name or f"{platform.node()}:{os.getpid()}")
-    previous = sweep_mod._raise_on_sigterm()
+    termination.install()
     try:
         totals = workers.run_worker(plan, opened, run_id, provenance)
     except (KeyboardInterrupt, sweep_mod.SweepTerminated) as err:

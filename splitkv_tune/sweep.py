@@ -25,8 +25,8 @@
   rebuilt from storage (atomically) at start, after every shape, every ``REBUILD_EVERY_S``
   seconds and on exit, so it always matches the storage; results in ``--out`` that the
   storage did not produce are not overwritten without ``--force`` (``outdir``).
-* SIGTERM stops the sweep like Ctrl-C: the files are rebuilt and the run is marked
-  ``terminated``.
+* SIGTERM stops the sweep once the trial in flight is recorded (``termination``): the files
+  are rebuilt and the run is marked ``terminated``.
 """
 from __future__ import annotations
 
@@ -34,8 +34,6 @@ import dataclasses
 import datetime as _dt
 import math
 import random
-import signal
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -44,7 +42,8 @@ import optuna
 import torch
 from tqdm.auto import tqdm
 
-from splitkv_tune import bench, estimate, gpus, meta, outdir, records, space, table, tunables
+from splitkv_tune import (bench, estimate, gpus, meta, outdir, records, space, table,
+                          termination, tunables)
 from splitkv_tune import storage as storage_mod
 from splitkv_tune.records import rebuild_trials_csv
 from splitkv_tune.table_schema import CONFIG_COLUMNS
@@ -75,18 +74,7 @@ class SweepAborted(RuntimeError):
     """The sweep cannot go on in this process (e.g. the CUDA context is poisoned)."""
 
 
-class SweepTerminated(Exception):
-    """SIGTERM arrived: the sweep stops as after Ctrl-C, recording that it was terminated."""
-
-
-def _raise_on_sigterm():
-    """Make SIGTERM raise SweepTerminated (in the main thread); return the previous handler."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def handler(signum, frame):
-        raise SweepTerminated()
-    return signal.signal(signal.SIGTERM, handler)
+SweepTerminated = termination.Terminated
 
 
 class WorkersFailed(RuntimeError):
@@ -324,6 +312,7 @@ class ShapeRunner:
         """Measure until the target, the candidates or the deadline run out; return trials timed."""
         timed, streak = 0, 0
         while True:
+            termination.check()
             done = self.done()
             measured = sum(c in done for c in self.candidates)
             if measured >= self.target:
@@ -423,7 +412,7 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
     planned = sum(plan.trial_target(len(plan.candidates(shape))) for shape in plan.shapes)
     trial_bar = tqdm(total=planned, desc="trials", unit="trial", disable=bars_off)
     status = "interrupted"
-    previous_handler = _raise_on_sigterm()
+    previous_handler = termination.install()
     try:
         if plan.workers:
             from splitkv_tune import workers
@@ -476,8 +465,7 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
         status = "terminated"
         raise
     finally:
-        if previous_handler is not None:
-            signal.signal(signal.SIGTERM, previous_handler)
+        termination.restore(previous_handler)
         trial_bar.close()
         shape_bar.close()
         try:

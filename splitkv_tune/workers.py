@@ -141,9 +141,12 @@ def start_local_workers(plan, count: int, storage: str, run_id: str) -> dict[str
 
 
 def wait_for_workers(procs: dict[str, subprocess.Popen], on_poll=None) -> dict[str, int]:
-    """Wait for every worker; stop them all (SIGTERM) if this process is interrupted."""
+    """Wait for every worker; stop them all (SIGTERM: each finishes its trial in flight) if
+    this process is interrupted or terminated."""
+    from splitkv_tune import termination
     try:
         while any(p.poll() is None for p in procs.values()):
+            termination.check()
             if on_poll is not None:
                 on_poll()
             time.sleep(POLL_S)

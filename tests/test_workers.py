@@ -85,8 +85,17 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def test_kill_9_of_a_worker_mid_trial_then_the_others_complete(grid, tmp_path):
-    out = tmp_path / "out"
+@pytest.fixture
+def slow_grid(tmp_path):
+    """Trials of a second each: a kill seen mid-trial lands before that trial ends."""
+    path = tmp_path / "slow.yaml"
+    path.write_text(yaml.safe_dump({**TINY_GRID, "timing": {"warmup_s": 0.0, "min_reps": 3,
+                                                           "max_time_s": 1.0}}))
+    return path
+
+
+def test_kill_9_of_a_worker_mid_trial_then_the_others_complete(slow_grid, tmp_path):
+    grid, out = slow_grid, tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     coordinator = subprocess.Popen(
         [sys.executable, "-m", "splitkv_tune.cli", "sweep", *sweep_args(grid, out, "--workers",
