@@ -47,13 +47,18 @@ _RUNNING = optuna.trial.TrialState.RUNNING
 _ACTIVE_TRIAL_IDS: set[int] = set()  # trials this process is measuring right now
 
 
-def _process_start(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (tells a reused pid apart), where /proc has it."""
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields of ``/proc/<pid>/stat`` after the command name, where /proc has them."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _process_start(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (tells a reused pid apart)."""
+    fields = _proc_stat(pid)
+    return fields[19] if fields else None
 
 
 def this_process() -> dict:
@@ -119,6 +124,9 @@ def _process_alive(owner: dict, trial_id: int) -> bool:
         return False
     except PermissionError:
         pass
+    fields = _proc_stat(pid)
+    if fields and fields[0] == "Z":  # exited, not yet reaped by its parent
+        return False
     return owner.get("pid_start") in (None, _process_start(pid))
 
 

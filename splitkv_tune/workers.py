@@ -145,7 +145,7 @@ def wait_for_workers(procs: dict[str, subprocess.Popen], on_poll=None) -> dict[s
     this process is interrupted or terminated."""
     from splitkv_tune import termination
     try:
-        while any(p.poll() is None for p in procs.values()):
+        while [p for p in procs.values() if p.poll() is None]:  # poll (reap) every one
             termination.check()
             if on_poll is not None:
                 on_poll()

@@ -9,6 +9,7 @@ psycopg driver are installed here; ``.ci/run`` installs both, so they run in CI.
 import importlib.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -180,13 +181,21 @@ def test_a_killed_workers_trial_is_retried_after_its_heartbeat_stops(grid, tmp_p
         extra_splits=[space.fa2_config(shape, 132).num_splits]))
 
 
-def test_kill_9_of_a_postgres_worker_then_completion(grid, tmp_path, database):
+def kill_session(proc) -> None:
+    """Kill what is left of ``proc`` and the workers it started (its session)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
+def test_kill_9_of_a_postgres_worker_then_completion(grid, tmp_path, database, request):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "splitkv_tune.cli", "sweep",
            *sweep_args(grid, out, database, "--workers", "2")]
     coordinator = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True)
+                                   text=True, start_new_session=True)
+    request.addfinalizer(lambda: kill_session(coordinator))
     deadline, killed = time.monotonic() + 120, None
     storage = None
     while killed is None and time.monotonic() < deadline:

@@ -51,10 +51,27 @@ def sweep_args(grid, out, *extra):
             "--no-progress", *extra]
 
 
-def spawn(args, cwd):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "splitkv_tune.cli", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+@pytest.fixture
+def spawn():
+    """Start ``splitkv-tune ARGS`` in a session of its own; whatever is left of it (and of the
+    workers it started) when the test ends is killed."""
+    started = []
+
+    def start(args, cwd):
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen([sys.executable, "-m", "splitkv_tune.cli", *args], cwd=cwd,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
 
 
 def run_cli(command, args):
@@ -81,7 +98,7 @@ def wait_for_journal_records(journal: Path, count: int, timeout_s: float = 60.0)
 
 
 def test_kill_9_at_random_points_then_resume_loses_and_redoes_nothing(slow_grid, tmp_path,
-                                                                        monkeypatch):
+                                                                        monkeypatch, spawn):
     """Relative --out, as the default results/<gpu>/ is: a kill while the journal lock is held
     used to make every later --resume wait forever."""
     rng = random.Random(os.environ.get("SPLITKV_TEST_SEED", "kill-9"))
@@ -246,7 +263,7 @@ def test_full_disk_is_one_clear_error_and_resume_completes(grid_path, tmp_path, 
     assert_every_point_once(out)
 
 
-def test_two_sweeps_on_one_storage_finish_every_point_once(slow_grid, tmp_path):
+def test_two_sweeps_on_one_storage_finish_every_point_once(slow_grid, tmp_path, spawn):
     procs = [spawn(sweep_args(slow_grid, "out", "--resume"), tmp_path) for _ in range(2)]
     outputs = [p.communicate(timeout=300) for p in procs]
     for proc, (stdout, stderr) in zip(procs, outputs):
@@ -256,7 +273,7 @@ def test_two_sweeps_on_one_storage_finish_every_point_once(slow_grid, tmp_path):
     assert trials.run_id.nunique() == 2  # both did part of the work
 
 
-def test_sigterm_marks_the_run_terminated(slow_grid, tmp_path):
+def test_sigterm_marks_the_run_terminated(slow_grid, tmp_path, spawn):
     proc = spawn(sweep_args(slow_grid, "out"), tmp_path)
     wait_for_journal_records(tmp_path / "out" / "optuna.journal", 4)
     proc.send_signal(signal.SIGTERM)

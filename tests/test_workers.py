@@ -2,6 +2,7 @@
 grid point is measured exactly once, a killed worker's trial is retried by another, the merged
 results equal a single worker's, and a worker of another GPU model is refused."""
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -72,6 +73,13 @@ def test_two_workers_merge_into_the_results_of_one(grid, tmp_path):
         rebuilt.to_csv(index=False))))
 
 
+def kill_session(proc) -> None:
+    """Kill what is left of ``proc`` and the workers it started (its session)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -94,13 +102,15 @@ def slow_grid(tmp_path):
     return path
 
 
-def test_kill_9_of_a_worker_mid_trial_then_the_others_complete(slow_grid, tmp_path):
+def test_kill_9_of_a_worker_mid_trial_then_the_others_complete(slow_grid, tmp_path, request):
     grid, out = slow_grid, tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     coordinator = subprocess.Popen(
         [sys.executable, "-m", "splitkv_tune.cli", "sweep", *sweep_args(grid, out, "--workers",
                                                                          "2")],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    request.addfinalizer(lambda: kill_session(coordinator))
     journal = out / "optuna.journal"
     victim, deadline = None, time.monotonic() + 120
     while victim is None and time.monotonic() < deadline:
