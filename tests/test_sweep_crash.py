@@ -333,3 +333,8 @@ def test_trials_csv_of_a_sweep_with_failures_reads_back(grid_path, tmp_path, mon
     assert (trials.status == "failed").any() and (trials.status == "ok").any()
     raw = pd.read_csv(out / "trials.csv", dtype=str, keep_default_na=False)
     assert not raw["n"].str.contains(r"\.").any()
+    from splitkv_tune.cli_tables import evaluate, plot
+    result = run_cli(evaluate, ["--from-trials", str(out / "trials.csv"), "--gpu", "h200"])
+    assert result.exit_code == 0 and "regret" in result.output, result.output
+    result = run_cli(plot, [str(out / "trials.csv"), "-o", str(tmp_path / "plots" / "p.png")])
+    assert result.exit_code == 0 and (tmp_path / "plots" / "p_noise.png").is_file(), result.output
