@@ -189,3 +189,13 @@ def test_progress_view_counts_per_worker_and_gives_an_eta(grid, tmp_path):
     view(force=True)
     assert f"{n_candidates()}/{n_candidates()} trials" in lines[0]
     assert "w0:" in lines[0] and "running" in lines[0] and "ETA" in lines[0]
+
+
+@pytest.mark.parametrize("storage,expected", [("foo://bar", "unknown database"),
+                                              ("missing.journal", "no journal")])
+def test_worker_with_a_bad_storage(grid, tmp_path, storage, expected):
+    target = storage if "://" in storage else str(tmp_path / storage)
+    result = CliRunner().invoke(worker_cmd, ["--storage", target, "--backend", "reference",
+                                             "--grid", str(grid)])
+    assert result.exit_code == 2 and expected in result.output, result.output
+    assert not (tmp_path / "missing.journal").exists()
