@@ -2,7 +2,9 @@
 import click
 
 from splitkv_tune.cli_tables import evaluate, export, plot, select
-from splitkv_tune.cli_tune import bench, compare, env, sweep, table
+from splitkv_tune.cli_sweep import sweep, table
+from splitkv_tune.cli_tune import bench, compare, env
+from splitkv_tune.cli_worker import worker
 from splitkv_tune.diff import diff_command
 
 
@@ -12,8 +14,9 @@ def main() -> None:
     """Tune and benchmark the split-KV FlashAttention kernel; export heuristic tables."""
 
 
-for command in (bench, sweep, table, compare, env, select, evaluate, export, plot, diff_command):
+for command in (bench, sweep, worker, table, compare, env, select, evaluate, export, plot, diff_command):
     main.add_command(command)
+
 
 if __name__ == "__main__":
     main()

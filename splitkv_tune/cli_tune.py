@@ -4,12 +4,12 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import sys
 from pathlib import Path
 
 import click
 
 from splitkv_tune import space, tunables
+from splitkv_tune.cli_errors import STDOUT, check_output, exit_2_on_bad_input
 from splitkv_tune.tunables import Config, Shape
 
 BACKEND_OPTION = click.option("--backend", type=click.Choice(["cuda", "reference"]),
@@ -18,13 +18,23 @@ BACKEND_OPTION = click.option("--backend", type=click.Choice(["cuda", "reference
                                    "(runs on the CPU, for testing the pipeline).")
 
 
+def _check_timing(ctx, param, value):
+    if value is None:
+        return value
+    problem = space.timing_problem(param.name, value)
+    if problem:
+        raise click.BadParameter(problem)
+    return value
+
+
 def _timing_options(fn):
     for opt in reversed([
-        click.option("--warmup-s", type=float, default=None,
+        click.option("--warmup-s", type=float, default=None, callback=_check_timing,
                      help="Warm-up seconds per config (default: the grid's, else 0.05)."),
-        click.option("--min-reps", type=int, default=None,
-                     help="Fewest samples per config (default: the grid's, else 20)."),
-        click.option("--max-time-s", type=float, default=None,
+        click.option("--min-reps", type=int, default=None, callback=_check_timing,
+                     help="Fewest samples per config, at least 1 "
+                          "(default: the grid's, else 20)."),
+        click.option("--max-time-s", type=float, default=None, callback=_check_timing,
                      help="Sampling time per config once --min-reps is met "
                           "(default: the grid's, else 0.2)."),
     ]):
@@ -126,6 +136,20 @@ def _grid_shapes(grid, dtypes, head_dims, patterns):
     return grid_obj, shapes
 
 
+def _check_fits(shape: Shape, backend: str) -> None:
+    """A usage error for a shape whose sizes overflow or whose tensors cannot fit."""
+    from splitkv_tune import estimate
+    from splitkv_tune.table_schema import MAX_DIM
+    for name in ("batch", "q_heads", "kv_heads", "q_len", "kv_len"):
+        if getattr(shape, name) > MAX_DIM:
+            raise click.BadParameter(f"at most {MAX_DIM}, got {getattr(shape, name)}",
+                                     param_hint="--" + name.replace("_", "-"))
+    needs, available = estimate.shape_bytes(shape, backend), estimate.available_bytes(backend)
+    if available is not None and needs > available:
+        raise click.UsageError(f"bad shape: it needs about {estimate.human_bytes(needs)} on the "
+                               f"{backend} backend, which has {estimate.human_bytes(available)}")
+
+
 @click.command()
 @click.option("--batch", type=int, default=1, show_default=True)
 @click.option("--q-heads", type=int, default=32, show_default=True)
@@ -148,8 +172,9 @@ def _grid_shapes(grid, dtypes, head_dims, patterns):
                    "to time both side by side. Default on.")
 @BACKEND_OPTION
 @click.option("--no-check", is_flag=True, help="Skip the check against the reference.")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False),
-              help="Also write the rows here.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, allow_dash=True),
+              help="Also write the rows here; - prints them as CSV instead of the table.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 @click.option("--breakdown", is_flag=True,
               help="Also trace each config's kernels: time each adds per call, and launch gaps "
                    "(cuda backend).")
@@ -161,8 +186,9 @@ def _grid_shapes(grid, dtypes, head_dims, patterns):
               show_default=True,
               help="Our calls pass no workspace (the default call) or share one preallocated.")
 @_timing_options
+@exit_2_on_bad_input
 def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, splits, block_kv,
-          reduce_threads, policy, merge, pdl, backend, no_check, csv_path, breakdown, eager,
+          reduce_threads, policy, merge, pdl, backend, no_check, csv_path, as_json, breakdown, eager,
           workspace, warmup_s, min_reps, max_time_s):
     """Time one shape with one or several configs (the product of the lists)."""
     from splitkv_tune import bench as bench_mod
@@ -172,6 +198,8 @@ def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, spli
         shape = Shape(dtype, head_dim, batch, q_heads, kv_heads, q_len, kv_len, causal).validate()
     except ValueError as err:
         raise click.UsageError(f"bad shape: {err}")
+    _check_fits(shape, backend)
+    check_output(csv_path, "--csv", allow_stdout=True)
     configs = [Config(*values) for values in itertools.product(
         _parse_list(splits, "--splits", int), _parse_list(block_kv, "--block-kv", int),
         _parse_list(reduce_threads, "--reduce-threads", int), _parse_list(policy, "--policy", str))]
@@ -221,11 +249,20 @@ def bench(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype, causal, spli
                     rows[-1].update(_eager_row(*shape_bench.measure_launcher_eager(make)))
     import pandas as pd
     frame = pd.DataFrame(rows)
-    click.echo(f"{space.shape_key(shape)}  backend={backend}  device={shape_bench.device}  "
-               f"copy bandwidth {copy_bw:.1f} GB/s  bytes moved {shape.bytes_moved()}")
-    shown = frame.rename(columns={"median_us": "µs", "gbps": "GB/s", "pct_copy_bw": "% copy bw"})
-    click.echo(shown.to_string(index=False, float_format=lambda x: f"{x:.2f}", na_rep="-"))
-    if csv_path:
+    if as_json:
+        click.echo(json.dumps({"shape": space.shape_key(shape), "backend": backend,
+                               "device": str(shape_bench.device), "copy_bw_gbps": copy_bw,
+                               "bytes_moved": shape.bytes_moved(),
+                               "rows": json.loads(frame.to_json(orient="records"))}, indent=2))
+    elif csv_path == STDOUT:
+        click.echo(frame.to_csv(index=False), nl=False)
+    else:
+        click.echo(f"{space.shape_key(shape)}  backend={backend}  device={shape_bench.device}  "
+                   f"copy bandwidth {copy_bw:.1f} GB/s  bytes moved {shape.bytes_moved()}")
+        shown = frame.rename(columns={"median_us": "µs", "gbps": "GB/s",
+                                      "pct_copy_bw": "% copy bw"})
+        click.echo(shown.to_string(index=False, float_format=lambda x: f"{x:.2f}", na_rep="-"))
+    if csv_path and csv_path != STDOUT:
         table.atomic_write_csv(csv_path, frame)
     if breakdown:
         _print_breakdowns(runs, frame)
@@ -259,125 +296,6 @@ def _print_breakdowns(runs, frame) -> None:
 
 
 @click.command()
-@click.option("--gpu", default="auto", show_default=True,
-              help="Table name (a100, h100, h200, auto, ...); must match the device unless "
-                   "--force. "
-                   "On --backend reference the device is 'cpu_reference'.")
-@click.option("--grid", default="quick", show_default=True, help="quick, full or a YAML path.")
-@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(tunables.DTYPES),
-              help="Only these dtypes of the grid.")
-@click.option("--head-dim", "head_dims", multiple=True, type=int, help="Only these head dims.")
-@click.option("--shapes", "patterns", multiple=True,
-              help="Only shapes whose key matches this glob, e.g. '*_b1_*'.")
-@click.option("--trials", type=click.IntRange(min=1), default=None,
-              help="Configs to measure per shape "
-                   "(default: every candidate with grid, 64 with tpe).")
-@click.option("--time-budget", default=None,
-              help="Wall-clock budget for this run (90s, 30m, 8h), shared evenly by the "
-                   "shapes left.")
-@click.option("--sampler", type=click.Choice(["auto", "grid", "tpe"]), default="auto",
-              show_default=True)
-@click.option("--storage", default=None,
-              help="Optuna storage: an RDB URL or a journal file (default <out>/optuna.journal).")
-@click.option("--study-prefix", default=None, help="Study names are PREFIX + shape key "
-              "(default 'splitkv:<gpu>:').")
-@BACKEND_OPTION
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Output directory (default results/<gpu>/).")
-@click.option("--dry-run", is_flag=True, help="Print the grid, the trial count and an estimate.")
-@click.option("--resume", is_flag=True, help="Continue the studies in the storage.")
-@click.option("--force", is_flag=True, help="Write a table named by --gpu on another device.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--progress/--no-progress", default=None,
-              help="Progress bars (default: on a terminal).")
-@_timing_options
-def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, storage,
-          study_prefix, backend, out_dir, dry_run, resume, force, seed, progress, warmup_s,
-          min_reps, max_time_s):
-    """Search the best config per shape with Optuna; write trials.csv and heuristics.csv."""
-    from splitkv_tune import gpus
-    from splitkv_tune import sweep as sweep_mod
-
-    grid_obj, shapes = _grid_shapes(grid, dtypes, head_dims, patterns)
-    budget = parse_duration(time_budget)
-    if dry_run:
-        table_gpu = gpus.resolve_gpu(gpu) if gpu != "auto" else \
-            sweep_mod.present_device_name(backend).split(" ")[0]
-    else:
-        try:
-            table_gpu = sweep_mod.resolve_table_gpu(gpu, backend, force)
-        except sweep_mod.GpuMismatch as err:
-            click.echo(f"Error: {err}", err=True)
-            sys.exit(2)
-        _backend_or_exit(backend)
-    profile = gpus.profile_for(table_gpu)
-    plan = sweep_mod.SweepPlan(
-        gpu=table_gpu, grid=grid_obj, shapes=shapes, backend=backend,
-        out_dir=Path(out_dir) if out_dir else Path("results") / table_gpu, storage=storage,
-        study_prefix=study_prefix, sampler=sampler, trials=trials, time_budget_s=budget,
-        resume=resume, seed=seed, timing=_timing(grid_obj.timing, warmup_s, min_reps, max_time_s),
-        num_sms=_num_sms(backend, table_gpu),
-        smem_limit=_smem_limit(backend, profile))
-    if dry_run:
-        summary = sweep_mod.dry_run_summary(plan)
-        click.echo(f"grid {summary['grid']}  gpu {summary['gpu']}  backend {backend}  "
-                   f"storage {summary['storage']}")
-        for row in summary["shapes"]:
-            click.echo(f"  {row['shape']:<44} candidates {row['candidates']:>4}  "
-                       f"{row['sampler']:<4}  trials {row['trials']:>4}")
-        click.echo(f"{len(summary['shapes'])} shapes, {summary['total_trials']} trials, "
-                   f"estimated at most {summary['estimated_s'] / 60:.1f} min "
-                   f"(warm-up {plan.timing['warmup_s']}s + sampling {plan.timing['max_time_s']}s "
-                   f"per trial)")
-        return
-    try:
-        result = sweep_mod.run_sweep(plan, argv=sys.argv, progress=progress)
-    except sweep_mod.StudyExists as err:
-        raise click.UsageError(str(err))
-    except sweep_mod.SweepAborted as err:
-        click.echo(f"Error: sweep stopped: {err}", err=True)
-        sys.exit(3)
-    except KeyboardInterrupt:
-        click.echo(f"\nInterrupted: finished trials are in the storage and "
-                   f"{plan.out_dir / 'trials.csv'}; continue with --resume.", err=True)
-        sys.exit(130)
-    ok = int((result["trials"]["status"] == "ok").sum()) if len(result["trials"]) else 0
-    click.echo(f"run {result['run_id']}: timed {result['timed']} configs this run "
-               f"({result['failed']} failed), {ok} ok in total; "
-               f"{len(result['heuristics'])} shapes in {result['heuristics_csv']}")
-
-
-@click.command()
-@click.argument("trials", type=click.Path(exists=True))
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Default: heuristics.csv next to the trials.")
-@click.option("--gpu", default=None, help="Override the gpu column.")
-@click.option("--min-margin", type=float, default=None,
-              help="Smallest relative noise margin for ties (default 0.01).")
-@click.option("--from-storage", is_flag=True,
-              help="First rebuild trials.csv from <dir>/optuna.journal (after a killed sweep).")
-def table(trials, output, gpu, min_margin, from_storage):
-    """Build heuristics.csv (best config per shape) from a trials.csv or a results directory."""
-    from splitkv_tune import table as table_mod
-
-    path = Path(trials)
-    trials_path = path / "trials.csv" if path.is_dir() else path
-    if from_storage:
-        from splitkv_tune import sweep as sweep_mod
-        journal = trials_path.parent / "optuna.journal"
-        if not journal.is_file():
-            raise click.BadParameter(f"no {journal}", param_hint="--from-storage")
-        storage = sweep_mod.open_storage(str(journal), journal.parent)
-        sweep_mod.rebuild_trials_csv(storage, trials_path)
-    if not trials_path.is_file():
-        raise click.BadParameter(f"{trials_path} does not exist", param_hint="TRIALS")
-    out = Path(output) if output else trials_path.parent / "heuristics.csv"
-    margin = table_mod.MIN_NOISE_MARGIN if min_margin is None else min_margin
-    result = table_mod.write_heuristics(trials_path, out, gpu, margin)
-    click.echo(f"{len(result)} shapes -> {out}")
-
-
-@click.command()
 @click.option("--grid", default="quick", show_default=True, help="quick, full or a YAML path.")
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(tunables.DTYPES))
 @click.option("--head-dim", "head_dims", multiple=True, type=int)
@@ -401,16 +319,17 @@ def table(trials, output, gpu, min_margin, from_storage):
               show_default=True)
 @click.option("--progress/--no-progress", default=None)
 @_timing_options
+@exit_2_on_bad_input
 def compare(grid, dtypes, head_dims, patterns, table_path, config_text, peers, with_no_pdl,
             with_preallocated, eager, backend, out_dir, progress, warmup_s, min_reps, max_time_s):
     """Ours vs SDPA flash, SDPA cuDNN and FlexAttention; writes compare.csv and compare.md."""
-    import pandas as pd
-
     from splitkv_tune import compare as compare_mod
     from splitkv_tune import meta
     from splitkv_tune import table as table_mod
+    from splitkv_tune.table_schema import read_heuristics
 
     grid_obj, shapes = _grid_shapes(grid, dtypes, head_dims, patterns)
+    check_output(out_dir, "--out", directory=True)
     peer_list = [p.strip() for p in peers.split(",") if p.strip()]
     unknown = sorted(set(peer_list) - set(compare_mod.PEERS))
     if unknown:
@@ -428,7 +347,7 @@ def compare(grid, dtypes, head_dims, patterns, table_path, config_text, peers, w
         except (IndexError, ValueError) as err:
             raise click.BadParameter(f"{config_text!r}: {err}", param_hint="--config")
     _backend_or_exit(backend)
-    heuristics = pd.read_csv(table_path, dtype={"split_policy": str}) if table_path else None
+    heuristics = read_heuristics(table_path) if table_path else None
     run_id = meta.make_run_id()
     results = compare_mod.run_compare(
         shapes, backend=backend, peers=peer_list, heuristics=heuristics, fixed=fixed,
@@ -445,6 +364,15 @@ def compare(grid, dtypes, head_dims, patterns, table_path, config_text, peers, w
     click.echo(markdown)
 
 
+def extension_status() -> dict:
+    """Whether the CUDA extension is built and imports, and why not."""
+    try:
+        import splitkv_tune._C  # noqa: F401
+    except Exception as err:  # ImportError, or an undefined symbol from a stale build
+        return {"built": False, "error": f"{type(err).__name__}: {err}"}
+    return {"built": True, "error": None}
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def env(as_json):
@@ -454,6 +382,7 @@ def env(as_json):
     info = meta.collect_meta()
     for run_only in ("run_id", "timestamp", "argv", "backend", "timing_method"):
         info.pop(run_only)
+    info["cuda_extension"] = extension_status()
     if as_json:
         click.echo(json.dumps(info, indent=2, sort_keys=True, default=str))
         return

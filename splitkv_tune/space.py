@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import itertools
+import math
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -232,10 +233,28 @@ def _parse_timing(raw: Any, where: str) -> dict:
         raise GridError(f"{where}: expected a mapping with keys {list(TIMING_DEFAULTS)}, "
                         f"got {raw!r}")
     for key, value in raw.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise GridError(f"{where}.{key}: expected a non-negative number, got {value!r}")
+        problem = timing_problem(key, value)
+        if problem:
+            raise GridError(f"{where}.{key}: {problem}")
         timing[key] = type(TIMING_DEFAULTS[key])(value)
     return timing
+
+
+def timing_problem(key: str, value) -> str | None:
+    """Why ``value`` cannot be the timing setting ``key``, else ``None``: seconds are finite
+    and non-negative (NaN would never end a loop), and at least one sample is taken.
+
+    >>> timing_problem("warmup_s", float("nan")), timing_problem("min_reps", 0)
+    ('expected a finite number >= 0, got nan', 'expected an integer >= 1, got 0')
+    """
+    if key == "min_reps":
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            return f"expected an integer >= 1, got {value!r}"
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) \
+            or not math.isfinite(value) or value < 0:
+        return f"expected a finite number >= 0, got {value!r}"
+    return None
 
 
 def parse_grid(raw: Any, source: str = "<grid>") -> Grid:

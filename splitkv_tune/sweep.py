@@ -3,7 +3,7 @@
 * Study grouping: one study per shape, named ``<study_prefix><shape_key>``; the default
   prefix is ``splitkv:<gpu>:`` so one storage can hold several GPUs.
 * Storage: an Optuna journal file ``<out>/optuna.journal`` unless ``--storage`` gives an
-  RDB URL (``sqlite:///...``) or another journal path. Every finished trial is in the
+  RDB URL (``sqlite:///...``) or another journal path (``storage``). Every finished trial is in the
   journal the moment it is told, so a kill loses at most the trial in flight.
 * Sampler: ``grid`` measures every candidate of ``space.candidate_configs`` exactly once
   (the order: FlashAttention-2's config, the current table winner, then a seeded shuffle),
@@ -16,13 +16,17 @@
   covers every candidate (or there is no budget and at most ``GRID_MAX`` candidates).
   A config already finished in the study is never timed again: a repeat proposal is told
   the earlier result (user attr ``duplicate_of``) and left out of ``trials.csv``.
-* Failures (invalid config, launch error, wrong output) are FAIL trials with user attrs
-  ``status``/``reason``; nothing is ever reported as infinity. A CUDA error that poisons the
-  context stops the sweep after recording the trial; ``--resume`` goes on from there.
-* Resume: finished trials stay; a trial left RUNNING by a kill is told FAIL (no ``status``
-  attr, so it is not a measurement) and its config is measured again. ``trials.csv`` is
+* Failures (invalid config, launch error, wrong output) are FAIL trials whose record has a
+  ``status`` and ``reason``; nothing is ever reported as infinity. A CUDA error that poisons
+  the context stops the sweep after recording the trial; ``--resume`` goes on from there.
+* Resume: finished trials stay; a trial left RUNNING by a killed process is told FAIL and its
+  config is measured again (``records`` says which trials count and which are stale, so a
+  second sweep on the same storage never fails the first one's trials). ``trials.csv`` is
   rebuilt from storage (atomically) at start, after every shape, every ``REBUILD_EVERY_S``
-  seconds and on exit, so it always matches the storage.
+  seconds and on exit, so it always matches the storage; results in ``--out`` that the
+  storage did not produce are not overwritten without ``--force`` (``outdir``).
+* SIGTERM stops the sweep once the trial in flight is recorded (``termination``): the files
+  are rebuilt and the run is marked ``terminated``.
 """
 from __future__ import annotations
 
@@ -31,22 +35,24 @@ import datetime as _dt
 import math
 import random
 import time
+import warnings
 from pathlib import Path
 
 import optuna
-import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from splitkv_tune import bench, gpus, meta, space, table, tunables
-from splitkv_tune.table_schema import CONFIG_COLUMNS, SHAPE_COLUMNS
+from splitkv_tune import (bench, estimate, gpus, meta, outdir, records, space, table,
+                          termination, tunables)
+from splitkv_tune import storage as storage_mod
+from splitkv_tune.records import rebuild_trials_csv
+from splitkv_tune.table_schema import CONFIG_COLUMNS
 from splitkv_tune.tunables import Config, Shape
 
 GRID_MAX = 256
 TPE_DEFAULT_TRIALS = 64
 MAX_DUPLICATE_STREAK = 25
 REBUILD_EVERY_S = 30.0
-TRIAL_OVERHEAD_S = 0.05
 REFERENCE_BACKEND_DEVICE = "cpu_reference"
 FATAL_CUDA_MARKERS = ("illegal memory access", "unspecified launch failure",
                       "CUDA error: an illegal", "device-side assert", "misaligned address")
@@ -66,6 +72,13 @@ class GpuMismatch(Exception):
 
 class SweepAborted(RuntimeError):
     """The sweep cannot go on in this process (e.g. the CUDA context is poisoned)."""
+
+
+SweepTerminated = termination.Terminated
+
+
+class WorkersFailed(RuntimeError):
+    """Worker processes stopped with errors before every trial was measured."""
 
 
 class StudyExists(Exception):
@@ -117,6 +130,8 @@ class SweepPlan:
     timing: dict = dataclasses.field(default_factory=lambda: dict(space.TIMING_DEFAULTS))
     num_sms: int = 132
     smem_limit: int | None = None
+    force: bool = False
+    workers: int = 0  # local worker processes; 0 measures in this process
 
     @property
     def prefix(self) -> str:
@@ -144,57 +159,31 @@ class SweepPlan:
             else min(n_candidates, TPE_DEFAULT_TRIALS)
 
 
-def open_storage(storage: str | None, out_dir) -> "optuna.storages.BaseStorage | str":
-    """An RDB URL as given, else a journal file (default ``<out_dir>/optuna.journal``)."""
-    if storage and "://" in storage:
-        return storage
-    path = Path(storage) if storage else Path(out_dir) / "optuna.journal"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    backend = optuna.storages.journal.JournalFileBackend(str(path))
-    return optuna.storages.JournalStorage(backend)
-
-
 def dry_run_summary(plan: SweepPlan) -> dict:
-    """Per-shape candidates, sampler and trial count, and an upper-bound time estimate."""
-    per_trial = plan.timing["warmup_s"] + plan.timing["max_time_s"] + TRIAL_OVERHEAD_S
+    """Per-shape candidates, sampler, trial count, time and memory estimates (``estimate``),
+    and the shapes whose memory exceeds what the device has (``too_big``)."""
+    profile = gpus.profile_for(plan.gpu)
+    copy_bw = profile.copy_bw_gbps if profile else None
+    l2_bytes = profile.l2_bytes if profile else None
+    available = estimate.available_bytes(plan.backend)
     rows = []
     for shape in plan.shapes:
         n = len(plan.candidates(shape))
+        trials = plan.trial_target(n)
+        seconds = trials * estimate.trial_seconds(shape, plan.backend, plan.timing, copy_bw)
+        needs = estimate.shape_bytes(shape, plan.backend, l2_bytes)
         rows.append({"shape": space.shape_key(shape), "candidates": n,
-                     "sampler": plan.sampler_for(n), "trials": plan.trial_target(n)})
+                     "sampler": plan.sampler_for(n), "trials": trials,
+                     "estimated_s": seconds, "bytes": needs,
+                     "fits": available is None or needs <= available})
     total = sum(r["trials"] for r in rows)
-    estimate = total * per_trial + len(rows) * 1.0
+    seconds = sum(r["estimated_s"] for r in rows)
     if plan.time_budget_s is not None:
-        estimate = min(estimate, plan.time_budget_s)
+        seconds = min(seconds, plan.time_budget_s)
     return {"gpu": plan.gpu, "grid": plan.grid.source, "backend": plan.backend,
-            "shapes": rows, "total_trials": total, "estimated_s": estimate,
-            "storage": plan.storage or str(Path(plan.out_dir) / "optuna.journal")}
-
-
-def _config_of(trial: optuna.trial.FrozenTrial) -> Config | None:
-    attrs = trial.user_attrs
-    if "num_splits" not in attrs:
-        return None
-    return Config(int(attrs["num_splits"]), int(attrs["block_kv"]),
-                  int(attrs["reduce_threads"]), str(attrs["split_policy"]))
-
-
-def measured_trials(study: optuna.Study) -> dict[Config, optuna.trial.FrozenTrial]:
-    """Finished measurements of a study (status attr set, not a repeat), by config."""
-    done = {}
-    for trial in study.get_trials(deepcopy=False):
-        if trial.state.is_finished() and "status" in trial.user_attrs \
-                and "duplicate_of" not in trial.user_attrs:
-            done.setdefault(_config_of(trial), trial)
-    return done
-
-
-def recover_interrupted(study: optuna.Study) -> int:
-    """Tell FAIL every trial a killed run left RUNNING; return how many."""
-    stale = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-    for trial in stale:
-        study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-    return len(stale)
+            "shapes": rows, "total_trials": total, "estimated_s": seconds,
+            "available_bytes": available, "too_big": [r["shape"] for r in rows if not r["fits"]],
+            "storage": storage_mod.describe(plan.storage, plan.out_dir)}
 
 
 def project(config: Config, candidates: list[Config]) -> Config:
@@ -205,39 +194,6 @@ def project(config: Config, candidates: list[Config]) -> Config:
             == (config.block_kv, config.reduce_threads)] or candidates
     return min(same, key=lambda c: (abs(math.log2(c.num_splits) - math.log2(config.num_splits)),
                                     c.split_policy != config.split_policy, c.num_splits))
-
-
-def trial_rows(study: optuna.Study) -> list[dict]:
-    """trials.csv rows of one study."""
-    shape = study.user_attrs.get("shape")
-    rows = []
-    if shape is None:
-        return rows
-    for trial in study.get_trials(deepcopy=False):
-        attrs = trial.user_attrs
-        if not trial.state.is_finished() or "status" not in attrs or "duplicate_of" in attrs:
-            continue
-        row = {"gpu": study.user_attrs.get("gpu"), "study": study.study_name,
-               "trial": trial.number, "backend": study.user_attrs.get("backend")}
-        row.update({c: shape[c] for c in SHAPE_COLUMNS})
-        row["causal"] = int(bool(row["causal"]))
-        row.update({c: attrs.get(c) for c in table.TRIALS_COLUMNS if c not in row})
-        rows.append(row)
-    return rows
-
-
-def rebuild_trials_csv(storage, path: Path, gpu: str | None = None) -> pd.DataFrame:
-    """Write every measurement of the storage's studies for ``gpu`` (all when ``None``) to
-    ``path`` atomically, whatever their ``--study-prefix``."""
-    rows = []
-    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-        if gpu is None or summary.user_attrs.get("gpu") == gpu:
-            study = optuna.load_study(study_name=summary.study_name, storage=storage)
-            rows.extend(trial_rows(study))
-    frame = pd.DataFrame(rows, columns=table.TRIALS_COLUMNS)
-    frame = frame.sort_values(["study", "trial"], kind="stable").reset_index(drop=True)
-    table.atomic_write_csv(path, frame)
-    return frame
 
 
 def check_existing_studies(plan: SweepPlan, storage) -> None:
@@ -256,8 +212,10 @@ class ShapeRunner:
     """Runs the trials of one shape's study."""
 
     def __init__(self, plan: SweepPlan, shape: Shape, storage, run_id: str,
-                 copy_bw_gbps: float, winner: Config | None):
+                 copy_bw_gbps: float, winner: Config | None, provenance: dict | None = None):
         self.plan, self.shape, self.run_id, self.copy_bw = plan, shape, run_id, copy_bw_gbps
+        self.provenance = provenance or records.default_provenance(plan.backend)
+        self.storage = storage
         extra = [winner.num_splits] if winner else []
         self.candidates = plan.candidates(shape, extra)
         self.mode = plan.sampler_for(len(self.candidates))
@@ -267,10 +225,14 @@ class ShapeRunner:
         self.study = optuna.create_study(storage=storage, study_name=plan.study_name(shape),
                                          direction="minimize", sampler=sampler,
                                          load_if_exists=True)
+        problem = records.schema_problem(self.study)
+        if problem:
+            raise storage_mod.StorageError(problem)
         for key, value in (("shape", dataclasses.asdict(shape)), ("gpu", plan.gpu),
-                           ("backend", plan.backend)):
-            self.study.set_user_attr(key, value)
-        self.recovered = recover_interrupted(self.study)
+                           ("backend", plan.backend), ("record_schema", records.RECORD_SCHEMA)):
+            if self.study.user_attrs.get(key) != value:  # each worker opens every study
+                self.study.set_user_attr(key, value)
+        self.recovered = records.recover_interrupted(self.study)
         priority = [space.fa2_config(shape, plan.num_sms)] + ([winner] if winner else [])
         self.priority = [(project(c, self.candidates), src)
                          for c, src in zip(priority, ("fa2", "table"))]
@@ -281,19 +243,36 @@ class ShapeRunner:
                         for f in CONFIG_COLUMNS}
 
     def done(self) -> dict[Config, optuna.trial.FrozenTrial]:
-        return measured_trials(self.study)
+        return records.measured_trials(self.study)
 
-    def _next_enqueue(self, done) -> tuple[Config | None, str]:
+    def _next_enqueue(self, done, running) -> tuple[Config | None, str]:
         for config, source in self.priority:
-            if config not in done:
+            if config not in done and config not in running:
                 return config, source
         if self.mode == "grid":
-            return next(((c, "grid") for c in self.grid_order if c not in done), (None, ""))
+            return next(((c, "grid") for c in self.grid_order
+                         if c not in done and c not in running), (None, ""))
         return None, "sampler"
 
     def _suggest(self, trial: optuna.Trial) -> Config:
         values = {f: trial.suggest_categorical(f, self.choices[f]) for f in CONFIG_COLUMNS}
         return project(Config(**values), self.candidates)
+
+    def _claim(self, trial, config: Config) -> int | None:
+        """Name this process as the trial's owner; the number of an earlier live trial that
+        measures the same config (another sweep on the storage got there first), if any."""
+        records.claim(trial, config)
+        earlier = records.running_configs(self.study).get(config)
+        return earlier if earlier is not None and earlier < trial.number else None
+
+    def _tell(self, trial, *args, **kwargs) -> None:
+        """Tell the trial; one that another sweep already gave up as stale stays as it is."""
+        try:
+            self.study.tell(trial, *args, **kwargs)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass
+        finally:
+            records.release(trial)
 
     def _record(self, trial, config: Config, timing: bench.Timing, source: str) -> None:
         gbps = timing.gbps(self.shape.bytes_moved())
@@ -305,28 +284,35 @@ class ShapeRunner:
                  "input_sets": timing.input_sets, "max_abs_err": timing.max_abs_err,
                  "workspace_bytes": tunables.workspace_bytes(self.shape, config.num_splits),
                  "run_id": self.run_id, "source": source,
-                 "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-        for key, value in attrs.items():
-            trial.set_user_attr(key, None if isinstance(value, float) and math.isnan(value)
-                                else value)
+                 "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                 **self.provenance}
+        record = {k: None if isinstance(v, float) and math.isnan(v) else v
+                  for k, v in attrs.items()}
+        trial.set_user_attr(records.RECORD_ATTR, record)  # one write: all fields or none
         if timing.status == "ok":
-            self.study.tell(trial, timing.median_us)
+            self._tell(trial, timing.median_us)
         else:
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            self._tell(trial, state=optuna.trial.TrialState.FAIL)
 
-    def _repeat(self, trial, earlier: optuna.trial.FrozenTrial) -> None:
-        for key, value in earlier.user_attrs.items():
-            trial.set_user_attr(key, value)
-        trial.set_user_attr("duplicate_of", earlier.number)
-        if earlier.state == optuna.trial.TrialState.COMPLETE:
-            self.study.tell(trial, earlier.value)
+    def _repeat(self, trial, earlier_number: int, value: float | None) -> None:
+        trial.set_user_attr(records.DUPLICATE_ATTR, earlier_number)
+        if value is not None:
+            self._tell(trial, value)
         else:
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            self._tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def running_elsewhere(self) -> bool:
+        """Whether configs this runner left unmeasured are being measured by other workers
+        (which may still die and leave them to be retried)."""
+        if sum(c in self.done() for c in self.candidates) >= self.target:
+            return False
+        return bool(records.running_configs(self.study))
 
     def run(self, shape_bench_factory, deadline: float | None, on_trial=None) -> int:
         """Measure until the target, the candidates or the deadline run out; return trials timed."""
         timed, streak = 0, 0
         while True:
+            termination.check()
             done = self.done()
             measured = sum(c in done for c in self.candidates)
             if measured >= self.target:
@@ -335,20 +321,37 @@ class ShapeRunner:
                 return timed
             if streak >= MAX_DUPLICATE_STREAK:
                 return timed
-            config, source = self._next_enqueue(done)
+            self.recovered += records.recover_interrupted(self.study)  # a worker may have died
+            running = records.running_configs(self.study)
+            config, source = self._next_enqueue(done, running)
             if config is None and self.mode == "grid":
                 return timed
             if config is not None:
                 self.study.enqueue_trial(dataclasses.asdict(config))
-            trial = self.study.ask()
+            with warnings.catch_warnings():  # ask/tell beats by itself (records.heartbeat)
+                warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
+                trial = self.study.ask()
             actual = self._suggest(trial)
             if actual in done:
-                self._repeat(trial, done[actual])
+                earlier = done[actual]
+                self._repeat(trial, earlier.number,
+                             earlier.value if earlier.state == optuna.trial.TrialState.COMPLETE
+                             else None)
+                streak += 1
+                continue
+            taken_by = self._claim(trial, actual)
+            if taken_by is not None:
+                self._repeat(trial, taken_by, None)
                 streak += 1
                 continue
             streak = 0
-            timing = shape_bench_factory().measure(actual)
-            self._record(trial, actual, timing, source if config == actual else "sampler")
+            try:
+                with records.heartbeat(self.storage, trial):
+                    timing = shape_bench_factory().measure(actual)
+                self._record(trial, actual, timing, source if config == actual else "sampler")
+            except BaseException:  # Ctrl-C or SIGTERM: this trial is not finished (again)
+                self._tell(trial, state=optuna.trial.TrialState.FAIL)
+                raise
             timed += 1
             if on_trial is not None:
                 on_trial(timing)
@@ -358,26 +361,31 @@ class ShapeRunner:
                                    f"rerun with --resume")
 
 
-def current_winners(out_dir: Path) -> pd.DataFrame | None:
-    path = Path(out_dir) / "heuristics.csv"
-    if not path.is_file():
-        return None
-    return pd.read_csv(path, dtype={"split_policy": str})
-
-
 def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> dict:
     """Run (or resume) the sweep; write trials.csv, heuristics.csv and the run's metadata."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out_dir = Path(plan.out_dir)
+    journal = None if storage_mod.is_rdb_url(plan.storage) \
+        else storage_mod.journal_path(plan.storage, out_dir)
+    new_journal = journal is not None and not journal.exists()
+    storage = storage_mod.open_storage(plan.storage, out_dir)
+    try:
+        check_existing_studies(plan, storage)
+        if not plan.force:
+            outdir.check_not_foreign(out_dir, records.trials_frame(storage),
+                                     storage_mod.describe(plan.storage, out_dir))
+        winners = outdir.current_winners(out_dir, plan.force)
+    except BaseException:
+        if new_journal and journal.stat().st_size == 0:  # refused: leave no trace
+            journal.unlink()
+        raise
     out_dir.mkdir(parents=True, exist_ok=True)
-    storage = open_storage(plan.storage, out_dir)
-    check_existing_studies(plan, storage)
+    outdir.remove_stale_temporaries(out_dir)
     trials_path, heuristics_path = out_dir / "trials.csv", out_dir / "heuristics.csv"
     rebuild_trials_csv(storage, trials_path, plan.gpu)
     device = bench.default_device(plan.backend)
     run_id = meta.make_run_id()
     copy_bw = bench.copy_bandwidth_gbps(device, **plan.timing)
-    winners = current_winners(out_dir)
     run_meta = meta.collect_meta(
         device=device, backend=plan.backend, run_id=run_id, argv=argv,
         timing_method="cuda_graph" if device.type == "cuda" else "wallclock",
@@ -399,12 +407,27 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
             last_rebuild[0] = time.monotonic()
 
     disable = None if progress is None else not progress  # None: only on a terminal
-    shape_bar = tqdm(plan.shapes, desc="shapes", unit="shape", disable=disable)
-    planned = sum(row["trials"] for row in dry_run_summary(plan)["shapes"])
-    trial_bar = tqdm(total=planned, desc="trials", unit="trial", disable=disable)
+    bars_off = True if plan.workers else disable  # the workers' progress view replaces them
+    shape_bar = tqdm(plan.shapes, desc="shapes", unit="shape", disable=bars_off)
+    planned = sum(plan.trial_target(len(plan.candidates(shape))) for shape in plan.shapes)
+    trial_bar = tqdm(total=planned, desc="trials", unit="trial", disable=bars_off)
     status = "interrupted"
+    previous_handler = termination.install()
     try:
-        for i, shape in enumerate(shape_bar):
+        if plan.workers:
+            from splitkv_tune import workers
+            codes = workers.run_local(plan, storage, run_id, copy_bw, winners, disable,
+                                      lambda: rebuild_trials_csv(storage, trials_path, plan.gpu))
+            totals["workers"] = codes
+            frame = rebuild_trials_csv(storage, trials_path, plan.gpu)
+            mine = frame[frame["run_id"].astype(str).str.startswith(run_id + ".")]
+            totals["timed"], totals["failed"] = len(mine), int((mine["status"] != "ok").sum())
+            left = planned - len(frame)
+            if any(codes.values()) and left > 0:
+                raise WorkersFailed(f"workers {sorted(n for n, c in codes.items() if c)} "
+                                    f"stopped with errors and {left} trials are left; "
+                                    f"rerun with --resume")
+        for i, shape in enumerate([] if plan.workers else shape_bar):
             shape_bar.set_postfix_str(space.shape_key(shape))
             deadline = None
             if plan.time_budget_s is not None:
@@ -435,16 +458,26 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
             table.atomic_write_csv(heuristics_path, table.build_heuristics(frame))
             last_rebuild[0] = time.monotonic()
         status = "completed"
-    except SweepAborted:
+    except (SweepAborted, WorkersFailed):
         status = "aborted"
         raise
+    except SweepTerminated:
+        status = "terminated"
+        raise
     finally:
+        termination.restore(previous_handler)
         trial_bar.close()
         shape_bar.close()
-        frame = rebuild_trials_csv(storage, trials_path, plan.gpu)
-        heuristics = table.build_heuristics(frame)
-        table.atomic_write_csv(heuristics_path, heuristics)
-        run_meta.update(status=status, elapsed_s=round(time.monotonic() - start, 3), **totals)
-        meta.write_run_meta(out_dir, run_meta)
+        try:
+            frame = rebuild_trials_csv(storage, trials_path, plan.gpu)
+            heuristics = table.build_heuristics(frame)
+            table.atomic_write_csv(heuristics_path, heuristics)
+            run_meta.update(status=status, elapsed_s=round(time.monotonic() - start, 3),
+                            **totals)
+            meta.write_run_meta(out_dir, run_meta)
+        except OSError:
+            if status == "completed":
+                raise
+            # Another error is on its way out and says why; --resume rebuilds these files.
     return {"run_id": run_id, "trials_csv": trials_path, "heuristics_csv": heuristics_path,
             "trials": frame, "heuristics": heuristics, "copy_bw_gbps": copy_bw, **totals}

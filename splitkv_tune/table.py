@@ -6,7 +6,8 @@
 ``status`` (ok | failed | wrong), ``reason``, ``gbps`` (bytes moved / median, 1e9 B/s),
 ``frac_copy_bw`` (gbps / copy bandwidth measured in the same run), ``copy_bw_gbps``,
 ``method`` (cuda_graph | cuda_events | wallclock), ``input_sets``, ``max_abs_err``,
-``source`` (fa2 | table | sampler | grid) and ``finished_at``.
+``source`` (fa2 | table | sampler | grid), ``finished_at``, and who measured it: ``worker``
+(its name), ``host`` and ``device`` (``cuda:<index>`` or ``cpu``).
 
 Choosing a winner per shape (``build_heuristics``): only ``status == "ok"`` rows with a
 finite, positive median count. The fastest config sets the noise margin
@@ -31,7 +32,7 @@ TRIALS_COLUMNS = (
     ["gpu", "run_id", "study", "trial", "backend"] + SHAPE_COLUMNS + CONFIG_COLUMNS
     + ["workspace_bytes", "median_us", "p20_us", "p80_us", "iqr_us", "n", "status", "reason",
        "gbps", "frac_copy_bw", "copy_bw_gbps", "method", "input_sets", "max_abs_err",
-       "source", "finished_at"]
+       "source", "finished_at", "worker", "host", "device"]
 )
 MIN_NOISE_MARGIN = 0.01
 
@@ -57,12 +58,6 @@ def atomic_write_text(path, text: str) -> Path:
 
 def atomic_write_csv(path, frame: pd.DataFrame) -> Path:
     return atomic_write_text(path, frame.to_csv(index=False))
-
-
-def read_trials(path) -> pd.DataFrame:
-    """Load a trials.csv, keeping ``reason`` and ``split_policy`` as strings."""
-    return pd.read_csv(path, dtype={"reason": str, "split_policy": str, "run_id": str},
-                       keep_default_na=True)
 
 
 def _shape_of(row) -> tunables.Shape:
@@ -173,7 +168,8 @@ def lookup_config(table: pd.DataFrame, shape: tunables.Shape) -> tunables.Config
 
 def write_heuristics(trials_path, out_path, gpu: str | None = None,
                      min_margin: float = MIN_NOISE_MARGIN) -> pd.DataFrame:
-    """Read trials.csv, build the table and write it atomically; return it."""
+    """Read trials.csv (validated), build the table and write it atomically; return it."""
+    from splitkv_tune.table_schema import read_trials
     table = build_heuristics(read_trials(trials_path), gpu, min_margin)
     atomic_write_csv(out_path, table)
     return table

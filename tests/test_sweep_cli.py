@@ -1,5 +1,6 @@
 """The tuning CLI end to end on the reference backend (CPU): sweep, resume, failures, table."""
 import json
+from pathlib import Path
 
 import optuna
 import pandas as pd
@@ -11,24 +12,13 @@ from click.testing import CliRunner
 from splitkv_tune import bench, compare, space, tunables
 from splitkv_tune.cli_tune import bench as bench_cmd
 from splitkv_tune.cli_tune import env as env_cmd
-from splitkv_tune.cli_tune import sweep as sweep_cmd
-from splitkv_tune.cli_tune import table as table_cmd
+from splitkv_tune.cli_sweep import sweep as sweep_cmd
+from splitkv_tune.cli_sweep import table as table_cmd
 from splitkv_tune.table import TRIALS_COLUMNS
 from splitkv_tune.table_schema import CONFIG_COLUMNS, HEURISTICS_COLUMNS, SHAPE_COLUMNS
 from splitkv_tune.tunables import Shape
 
-TINY_GRID = {
-    "name": "tiny",
-    "shapes": [
-        {"dtype": "bf16", "head_dim": 64, "q_heads": 4, "kv_heads": 2, "batch": 1, "q_len": 1,
-         "kv_len": 256},
-        {"dtype": "fp16", "head_dim": 64, "q_heads": 4, "kv_heads": 4, "batch": 2, "q_len": 4,
-         "kv_len": 128, "causal": True},
-    ],
-    "space": {"num_splits": [1, 2, 4], "block_kv": [32, 64], "reduce_threads": [128],
-              "split_policy": ["blocks"]},
-    "timing": {"warmup_s": 0.0, "min_reps": 3, "max_time_s": 0.0},
-}
+TINY_GRID = yaml.safe_load((Path(__file__).parent / "fixtures" / "tiny_grid.yaml").read_text())
 
 
 @pytest.fixture
@@ -171,7 +161,7 @@ def test_failing_and_wrong_configs_are_recorded_with_reasons(grid, tmp_path, mon
         optuna.storages.journal.JournalFileBackend(str(out / "optuna.journal")))
     states = [t.state for s in optuna.get_all_study_summaries(storage)
               for t in optuna.load_study(study_name=s.study_name, storage=storage).trials
-              if t.user_attrs.get("num_splits") == 4]
+              if t.user_attrs.get("record", {}).get("num_splits") == 4]
     assert states and all(s == optuna.trial.TrialState.FAIL for s in states)
 
 

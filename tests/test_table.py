@@ -4,7 +4,7 @@ import math
 import pandas as pd
 import pytest
 
-from splitkv_tune import table
+from splitkv_tune import table, table_schema
 from splitkv_tune.table_schema import HEURISTICS_COLUMNS, SCHEMA_VERSION
 from splitkv_tune.tunables import Shape
 
@@ -101,5 +101,5 @@ def test_atomic_write_leaves_no_temp_files_and_keeps_old_file_on_error(tmp_path)
 def test_fixture_trials_build():
     from pathlib import Path
     fixture = Path(__file__).parent / "fixtures" / "trials.csv"
-    out = table.build_heuristics(table.read_trials(fixture), gpu="nvidia_h200")
+    out = table.build_heuristics(table_schema.read_trials(fixture), gpu="nvidia_h200")
     assert len(out) > 0 and not out["median_us"].map(math.isnan).any()

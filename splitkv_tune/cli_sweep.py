@@ -1,0 +1,215 @@
+"""``splitkv-tune sweep | table``: the Optuna sweep and the table it builds, as click commands.
+
+Bad input (options, grids, tables, storages, output paths) ends in one ``error:`` line and
+exit code 2 (``cli_errors``); nothing already stored is touched then.
+"""
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from splitkv_tune import tunables
+from splitkv_tune.cli_errors import STDOUT, check_output, exit_2_on_bad_input, fail
+from splitkv_tune.cli_tune import (BACKEND_OPTION, _backend_or_exit, _grid_shapes, _num_sms,
+                                   _smem_limit, _timing, _timing_options, parse_duration)
+
+SEED_RANGE = click.IntRange(min=0, max=2**32 - 1)  # what Optuna's samplers (numpy) accept
+
+
+def _check_storage_path(storage: str | None) -> None:
+    from splitkv_tune import storage as storage_mod
+    if storage and not storage_mod.is_rdb_url(storage):
+        check_output(storage, "--storage")
+
+
+def _print_dry_run(summary: dict, plan, as_json: bool) -> None:
+    from splitkv_tune import estimate
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, default=str))
+        return
+    click.echo(f"grid {summary['grid']}  gpu {summary['gpu']}  backend {summary['backend']}  "
+               f"storage {summary['storage']}")
+    for row in summary["shapes"]:
+        click.echo(f"  {row['shape']:<44} candidates {row['candidates']:>4}  "
+                   f"{row['sampler']:<4}  trials {row['trials']:>4}  "
+                   f"~{estimate.human_seconds(row['estimated_s']):>8}  "
+                   f"{estimate.human_bytes(row['bytes']):>9}{'' if row['fits'] else '  TOO BIG'}")
+    click.echo(f"{len(summary['shapes'])} shapes, {summary['total_trials']} trials, "
+               f"estimated {estimate.human_seconds(summary['estimated_s'])} on the "
+               f"{summary['backend']} backend (warm-up {plan.timing['warmup_s']}s, at least "
+               f"{plan.timing['min_reps']} samples and {plan.timing['max_time_s']}s per trial)")
+
+
+def _refuse_too_big(summary: dict) -> None:
+    from splitkv_tune import estimate
+    if summary["too_big"]:
+        biggest = max(summary["shapes"], key=lambda r: r["bytes"])
+        fail(f"{len(summary['too_big'])} shape(s) need more memory than the "
+             f"{summary['backend']} backend has ({estimate.human_bytes(summary['available_bytes'])}"
+             f" available), e.g. {biggest['shape']} needs about "
+             f"{estimate.human_bytes(biggest['bytes'])}; leave them out with --shapes")
+
+
+@click.command()
+@click.option("--gpu", default="auto", show_default=True,
+              help="Table name (a100, h100, h200, auto, ...); must match the device unless "
+                   "--force. "
+                   "On --backend reference the device is 'cpu_reference'.")
+@click.option("--grid", default="quick", show_default=True, help="quick, full or a YAML path.")
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(tunables.DTYPES),
+              help="Only these dtypes of the grid.")
+@click.option("--head-dim", "head_dims", multiple=True, type=int, help="Only these head dims.")
+@click.option("--shapes", "patterns", multiple=True,
+              help="Only shapes whose key matches this glob, e.g. '*_b1_*'.")
+@click.option("--trials", type=click.IntRange(min=1), default=None,
+              help="Configs to measure per shape "
+                   "(default: every candidate with grid, 64 with tpe).")
+@click.option("--time-budget", default=None,
+              help="Wall-clock budget for this run (90s, 30m, 8h), shared evenly by the "
+                   "shapes left.")
+@click.option("--sampler", type=click.Choice(["auto", "grid", "tpe"]), default="auto",
+              show_default=True)
+@click.option("--storage", default=None,
+              help="Optuna storage: an RDB URL or a journal file (default <out>/optuna.journal).")
+@click.option("--study-prefix", default=None, help="Study names are PREFIX + shape key "
+              "(default 'splitkv:<gpu>:').")
+@BACKEND_OPTION
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Output directory (default results/<gpu>/).")
+@click.option("--dry-run", is_flag=True,
+              help="Print the grid, the trial count and time and memory estimates.")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: print JSON.")
+@click.option("--resume", is_flag=True, help="Continue the studies in the storage.")
+@click.option("--force", is_flag=True,
+              help="Write a table named by --gpu on another device, and overwrite results in "
+                   "--out that this storage did not write.")
+@click.option("--seed", type=SEED_RANGE, default=0, show_default=True)
+@click.option("--workers", "workers_text", default=None,
+              help="Measure in N worker processes, or auto: one per visible GPU (each pinned "
+                   "with CUDA_VISIBLE_DEVICES); on --backend reference, N CPU processes. "
+                   "Default: measure in this process.")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bars (default: on a terminal).")
+@_timing_options
+@exit_2_on_bad_input
+def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, storage,
+          study_prefix, backend, out_dir, dry_run, as_json, resume, force, seed, workers_text,
+          progress, warmup_s, min_reps, max_time_s):
+    """Search the best config per shape with Optuna; write trials.csv and heuristics.csv."""
+    from splitkv_tune import gpus
+    from splitkv_tune import sweep as sweep_mod
+
+    if as_json and not dry_run:
+        raise click.UsageError("--json goes with --dry-run")
+    grid_obj, shapes = _grid_shapes(grid, dtypes, head_dims, patterns)
+    budget = parse_duration(time_budget)
+    if dry_run:
+        table_gpu = gpus.resolve_gpu(gpu) if gpu != "auto" else \
+            sweep_mod.present_device_name(backend).split(" ")[0]
+    else:
+        try:
+            table_gpu = sweep_mod.resolve_table_gpu(gpu, backend, force)
+        except sweep_mod.GpuMismatch as err:
+            fail(str(err))
+        _backend_or_exit(backend)
+    out = Path(out_dir) if out_dir else Path("results") / table_gpu
+    if not dry_run:
+        check_output(out, "--out", directory=True)
+        _check_storage_path(storage)
+    count = 0
+    if workers_text is not None:
+        from splitkv_tune.workers import worker_count
+        try:
+            count = worker_count(workers_text, backend)
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--workers")
+    profile = gpus.profile_for(table_gpu)
+    plan = sweep_mod.SweepPlan(
+        gpu=table_gpu, grid=grid_obj, shapes=shapes, backend=backend, out_dir=out,
+        storage=storage, study_prefix=study_prefix, sampler=sampler, trials=trials,
+        time_budget_s=budget, resume=resume, seed=seed,
+        timing=_timing(grid_obj.timing, warmup_s, min_reps, max_time_s),
+        num_sms=_num_sms(backend, table_gpu), smem_limit=_smem_limit(backend, profile),
+        force=force, workers=count)
+    summary = sweep_mod.dry_run_summary(plan)
+    if dry_run:
+        _print_dry_run(summary, plan, as_json)
+        _refuse_too_big(summary)
+        return
+    _refuse_too_big(summary)
+    _run(sweep_mod, plan, progress)
+
+
+def _run(sweep_mod, plan, progress) -> None:
+    from splitkv_tune.outdir import ForeignResults
+    try:
+        result = sweep_mod.run_sweep(plan, argv=sys.argv, progress=progress)
+    except (sweep_mod.StudyExists, ForeignResults) as err:
+        fail(str(err))
+    except (sweep_mod.SweepAborted, sweep_mod.WorkersFailed) as err:
+        click.echo(f"error: sweep stopped: {err}", err=True)
+        sys.exit(3)
+    except (KeyboardInterrupt, sweep_mod.SweepTerminated) as err:
+        click.echo(f"\nInterrupted: finished trials are in the storage and "
+                   f"{plan.out_dir / 'trials.csv'}; continue with --resume.", err=True)
+        sys.exit(143 if isinstance(err, sweep_mod.SweepTerminated) else 130)
+    ok = int((result["trials"]["status"] == "ok").sum()) if len(result["trials"]) else 0
+    click.echo(f"run {result['run_id']}: timed {result['timed']} configs this run "
+               f"({result['failed']} failed), {ok} ok in total; "
+               f"{len(result['heuristics'])} shapes in {result['heuristics_csv']}")
+
+
+@click.command()
+@click.argument("trials", type=click.Path(exists=True))
+@click.option("-o", "--output", default=None,
+              help="Where to write it; - for stdout. Default: heuristics.csv next to the trials.")
+@click.option("--gpu", default=None, help="Override the gpu column.")
+@click.option("--min-margin", type=click.FloatRange(min=0, max=1), default=None,
+              help="Smallest relative noise margin for ties (default 0.01).")
+@click.option("--from-storage", is_flag=True,
+              help="First rebuild trials.csv from the sweep's storage (after a killed sweep).")
+@click.option("--storage", default=None,
+              help="With --from-storage: a database URL or journal file "
+                   "(default <dir>/optuna.journal).")
+@exit_2_on_bad_input
+def table(trials, output, gpu, min_margin, from_storage, storage):
+    """Build heuristics.csv (best config per shape) from a trials.csv or a results directory."""
+    import pandas as pd
+
+    from splitkv_tune import table as table_mod
+    from splitkv_tune.table_schema import read_trials, validate_heuristics
+
+    path = Path(trials)
+    trials_path = path / "trials.csv" if path.is_dir() else path
+    out = Path(output) if output else trials_path.parent / "heuristics.csv"
+    check_output(output if output == STDOUT else out, "-o", allow_stdout=True)
+    if storage and not from_storage:
+        raise click.UsageError("--storage goes with --from-storage")
+    if from_storage:
+        from splitkv_tune import records, storage as storage_mod
+        if not storage_mod.is_rdb_url(storage):
+            journal = storage_mod.journal_path(storage, trials_path.parent)
+            if not journal.is_file():
+                raise click.BadParameter(f"no {journal}", param_hint="--from-storage")
+        check_output(trials_path, "TRIALS")
+        opened = storage_mod.open_storage(storage, trials_path.parent, repair=False,
+                                          create=False)
+        records.rebuild_trials_csv(opened, trials_path)
+    if not trials_path.is_file():
+        raise click.BadParameter(f"{trials_path} does not exist", param_hint="TRIALS")
+    margin = table_mod.MIN_NOISE_MARGIN if min_margin is None else min_margin
+    result = table_mod.build_heuristics(read_trials(trials_path), gpu, margin)
+    if not len(result):
+        fail(f"{trials_path}: no trial with status ok, so no winner for any shape")
+    text = result.to_csv(index=False)
+    validate_heuristics(pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False),
+                        f"the table built from {trials_path}")
+    if output == STDOUT:
+        click.echo(text, nl=False)
+        return
+    table_mod.atomic_write_text(out, text)
+    click.echo(f"{len(result)} shapes -> {out}")

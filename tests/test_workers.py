@@ -1,0 +1,201 @@
+"""Several worker processes on one storage (journal file), on the reference backend: every
+grid point is measured exactly once, a killed worker's trial is retried by another, the merged
+results equal a single worker's, and a worker of another GPU model is refused."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from splitkv_tune import records, space, storage as storage_mod, table
+from splitkv_tune.cli_sweep import sweep as sweep_cmd
+from splitkv_tune.cli_worker import worker as worker_cmd
+from splitkv_tune.table_schema import CONFIG_COLUMNS, SHAPE_COLUMNS, read_trials
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_GRID = yaml.safe_load((Path(__file__).parent / "fixtures" / "tiny_grid.yaml").read_text())
+POINT = SHAPE_COLUMNS + CONFIG_COLUMNS
+
+
+def n_candidates(num_sms=132):
+    grid = space.parse_grid(TINY_GRID)
+    return sum(len(space.candidate_configs(s, grid.space,
+                                           extra_splits=[space.fa2_config(s, num_sms).num_splits]))
+               for s in grid.shapes)
+
+
+@pytest.fixture
+def grid(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump({**TINY_GRID, "timing": {"warmup_s": 0.0, "min_reps": 3,
+                                                           "max_time_s": 0.2}}))
+    return path
+
+
+def sweep_args(grid, out, *extra):
+    return ["--backend", "reference", "--grid", str(grid), "--out", str(out), "--no-progress",
+            *extra]
+
+
+def assert_every_point_once(out: Path) -> pd.DataFrame:
+    trials = read_trials(out / "trials.csv")
+    assert len(trials) == n_candidates()
+    assert not trials.duplicated(POINT).any()
+    assert (trials.status == "ok").all()
+    return trials
+
+
+def points(trials: pd.DataFrame) -> set:
+    return set(map(tuple, trials[POINT].astype(str).to_numpy()))
+
+
+def test_two_workers_merge_into_the_results_of_one(grid, tmp_path):
+    single, multi = tmp_path / "single", tmp_path / "multi"
+    assert CliRunner().invoke(sweep_cmd, sweep_args(grid, single)).exit_code == 0
+    result = CliRunner().invoke(sweep_cmd, sweep_args(grid, multi, "--workers", "2"))
+    assert result.exit_code == 0, result.output
+    trials = assert_every_point_once(multi)
+    assert points(trials) == points(assert_every_point_once(single))
+    raw = pd.read_csv(multi / "trials.csv")
+    assert set(raw.worker) == {"w0", "w1"}  # both took part; each row names its worker
+    assert (raw.host == os.uname().nodename).all() and (raw.device == "cpu").all()
+    rebuilt = table.build_heuristics(read_trials(multi / "trials.csv"))
+    written = pd.read_csv(multi / "heuristics.csv")
+    assert len(written) == 2
+    pd.testing.assert_frame_equal(written, pd.read_csv(pd.io.common.StringIO(
+        rebuilt.to_csv(index=False))))
+
+
+def kill_session(proc) -> None:
+    """Kill what is left of ``proc`` and the workers it started (its session)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def slow_grid(tmp_path):
+    """Trials of a second each: a kill seen mid-trial lands before that trial ends."""
+    path = tmp_path / "slow.yaml"
+    path.write_text(yaml.safe_dump({**TINY_GRID, "timing": {"warmup_s": 0.0, "min_reps": 3,
+                                                           "max_time_s": 1.0}}))
+    return path
+
+
+def test_kill_9_of_a_worker_mid_trial_then_the_others_complete(slow_grid, tmp_path, request):
+    grid, out = slow_grid, tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    coordinator = subprocess.Popen(
+        [sys.executable, "-m", "splitkv_tune.cli", "sweep", *sweep_args(grid, out, "--workers",
+                                                                         "2")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    request.addfinalizer(lambda: kill_session(coordinator))
+    journal = out / "optuna.journal"
+    victim, deadline = None, time.monotonic() + 120
+    while victim is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        workers = set(_children(coordinator.pid))
+        if not workers or not journal.exists():
+            continue
+        storage = storage_mod.open_storage(None, out, repair=False)
+        for summary in optuna.get_all_study_summaries(storage):
+            study = optuna.load_study(study_name=summary.study_name, storage=storage)
+            for trial in study.get_trials(states=(optuna.trial.TrialState.RUNNING,)):
+                owner = trial.user_attrs.get(records.OWNER_ATTR, {})
+                if owner.get("pid") in workers:
+                    victim = (owner["pid"], summary.study_name, trial.number)
+    assert victim is not None, "no worker was seen measuring"
+    os.kill(victim[0], 9)
+    _, stderr = coordinator.communicate(timeout=300)
+    assert coordinator.returncode == 0, stderr
+    assert_every_point_once(out)
+    trials = pd.read_csv(out / "trials.csv")
+    storage = storage_mod.open_storage(None, out, repair=False)
+    killed = optuna.load_study(study_name=victim[1], storage=storage).trials[victim[2]]
+    assert killed.state == optuna.trial.TrialState.FAIL  # failed as stale, then retried
+    assert not ((trials.study == victim[1]) & (trials.trial == victim[2])).any()
+
+
+def test_a_worker_joins_a_sweep_from_elsewhere(grid, tmp_path):
+    """The sweep measured one shape; a worker given the whole grid measures the other."""
+    out = tmp_path / "out"
+    first = CliRunner().invoke(sweep_cmd, sweep_args(grid, out, "--shapes", "bf16_*"))
+    assert first.exit_code == 0, first.output
+    journal = str(out / "optuna.journal")
+    result = CliRunner().invoke(worker_cmd, ["--storage", journal, "--backend", "reference",
+                                             "--grid", str(grid), "--name", "remote"])
+    assert result.exit_code == 0, result.output
+    resumed = CliRunner().invoke(sweep_cmd, sweep_args(grid, out, "--resume"))
+    assert resumed.exit_code == 0, resumed.output
+    assert_every_point_once(out)
+    assert "remote" in set(pd.read_csv(out / "trials.csv").worker)
+
+
+def test_a_worker_of_another_gpu_model_is_refused(grid, tmp_path):
+    out = tmp_path / "out"
+    assert CliRunner().invoke(sweep_cmd, sweep_args(grid, out)).exit_code == 0
+    journal = out / "optuna.journal"
+    before = journal.read_bytes()
+    for extra in ([], ["--study-prefix", "splitkv:cpu_reference:"]):
+        result = CliRunner().invoke(worker_cmd, ["--storage", str(journal), "--backend",
+                                                 "reference", "--grid", str(grid), "--gpu",
+                                                 "h200", "--force", *extra])
+        assert result.exit_code == 2, result.output
+        assert "nvidia_h200" in result.output and "cpu_reference" in result.output
+    assert journal.read_bytes() == before
+
+
+def test_bad_workers_option(grid, tmp_path):
+    for value in ("0", "-2", "many"):
+        result = CliRunner().invoke(sweep_cmd, sweep_args(grid, tmp_path / "out", "--workers",
+                                                          value))
+        assert result.exit_code == 2 and "--workers" in result.output, result.output
+
+
+def test_progress_view_counts_per_worker_and_gives_an_eta(grid, tmp_path):
+    from splitkv_tune import progress, sweep
+    out = tmp_path / "out"
+    assert CliRunner().invoke(sweep_cmd, sweep_args(grid, out, "--workers", "2")).exit_code == 0
+    plan = sweep.SweepPlan(gpu="cpu_reference", grid=space.parse_grid(TINY_GRID),
+                           shapes=list(space.parse_grid(TINY_GRID).shapes), out_dir=out)
+    storage = storage_mod.open_storage(None, out)
+    snap = progress.snapshot(storage, plan)
+    assert snap["done"] == snap["planned"] == n_candidates()
+    assert sum(c["done"] for c in snap["per_worker"].values()) == n_candidates()
+    assert set(snap["per_worker"]) == {"w0", "w1"}
+    lines = []
+    view = progress.ProgressView(storage, plan, lines.append)
+    view(force=True)
+    assert f"{n_candidates()}/{n_candidates()} trials" in lines[0]
+    assert "w0:" in lines[0] and "running" in lines[0] and "ETA" in lines[0]
+
+
+@pytest.mark.parametrize("storage,expected", [("foo://bar", "unknown database"),
+                                              ("missing.journal", "no journal")])
+def test_worker_with_a_bad_storage(grid, tmp_path, storage, expected):
+    target = storage if "://" in storage else str(tmp_path / storage)
+    result = CliRunner().invoke(worker_cmd, ["--storage", target, "--backend", "reference",
+                                             "--grid", str(grid)])
+    assert result.exit_code == 2 and expected in result.output, result.output
+    assert not (tmp_path / "missing.journal").exists()
