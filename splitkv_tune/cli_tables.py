@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from splitkv_tune import tunables
+from splitkv_tune.cli_errors import STDOUT, check_output, exit_2_on_bad_input, fail
 from splitkv_tune.gpus import profile_for, resolve_gpu
 from splitkv_tune.selector import (TABLES_ENV, HeuristicTable, load_table_for_gpu, select_shape,
                                    table_path_for_gpu)
@@ -20,22 +21,35 @@ from splitkv_tune.table_schema import SHAPE_COLUMNS, TableError, read_heuristics
 from splitkv_tune.tunables import Shape
 
 
-def _fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(2)
+_fail = fail
+GPU_HELP = ("GPU whose table and profile to use (h200, 'NVIDIA H200', ...); auto: the GPU "
+            "present, else the file's own")
 
 
 def _exit_2_on_bad_input(fn):
+    """``cli_errors.exit_2_on_bad_input``, and a bad shape or option as one line too."""
+    checked = exit_2_on_bad_input(fn)
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from splitkv_tune.space import GridError
         try:
-            return fn(*args, **kwargs)
-        except (TableError, GridError) as exc:
-            _fail(str(exc))
+            return checked(*args, **kwargs)
         except ValueError as exc:
-            _fail(f"bad shape or option: {exc}")
+            fail(f"bad shape or option: {exc}")
     return wrapper
+
+
+def _gpu_name(gpu: str | None, frame=None) -> str | None:
+    """``--gpu`` as a name: "auto" is the GPU present, else the one GPU named by ``frame``'s
+    gpu column (a trials or heuristics table), else ``None``."""
+    if gpu != "auto":
+        return gpu
+    import torch
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    if frame is not None and "gpu" in frame and frame["gpu"].nunique() == 1:
+        return str(frame["gpu"].iloc[0])
+    return None
 
 
 def _load_table(table: str | None, gpu: str | None):
@@ -79,18 +93,28 @@ def _shape_from(dtype, head_dim, batch, q_heads, kv_heads, q_len, kv_len, causal
 
 
 @click.command()
-@click.option("--gpu", default=None, help="GPU name or flag (h200, 'NVIDIA H200', ...)")
+@click.option("--gpu", default="auto", show_default=True, help=GPU_HELP)
 @click.option("--table", type=click.Path(dir_okay=False), default=None,
               help=f"heuristics.csv or an exported .json [default: ${TABLES_ENV}/<gpu>/ then "
                    "results/<gpu>/]")
+@click.option("--json", "as_json", is_flag=True, help="Print the choice as JSON.")
 @shape_options
 @_exit_2_on_bad_input
-def select(gpu, table, **shape_kw):
+def select(gpu, table, as_json, **shape_kw):
     """Print the config the selector chooses for one shape, and why."""
     shape = _shape_from(**shape_kw)
+    gpu = _gpu_name(gpu)
     loaded, where = _load_table(table, gpu)
     sel = select_shape(loaded, shape, gpu)
     c = sel.config
+    if as_json:
+        import json
+        click.echo(json.dumps({"num_splits": c.num_splits, "block_kv": c.block_kv,
+                               "reduce_threads": c.reduce_threads, "split_policy": c.split_policy,
+                               "why": sel.reason, "table": where,
+                               "workspace_bytes": tunables.workspace_bytes(shape, c.num_splits)},
+                              indent=2))
+        return
     click.echo(f"config: num_splits={c.num_splits} block_kv={c.block_kv} "
                f"reduce_threads={c.reduce_threads} split_policy={c.split_policy}")
     click.echo(f"why: {sel.reason}")
@@ -141,11 +165,11 @@ def _write_reports(df, out_csv, out_md, header: str) -> None:
 
 
 @click.command()
-@click.option("--gpu", default="h200", show_default=True, help="GPU whose table/profile to use")
+@click.option("--gpu", default="auto", show_default=True, help=GPU_HELP)
 @click.option("--table", type=click.Path(dir_okay=False), default=None, help="heuristics.csv")
 @click.option("--from-trials", "trials", type=click.Path(dir_okay=False), default=None,
               help="offline: leave-one-out regret against this trials.csv (no GPU)")
-@click.option("--shapes", "shapes_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--shapes-file", "shapes_file", type=click.Path(dir_okay=False), default=None,
               help="shapes to measure: a CSV with the shape columns or a grid YAML")
 @click.option("--max-time-s", type=float, default=None,
               help="timing budget per config [default: the grid's, else 0.2]")
@@ -160,12 +184,18 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
 
     With --from-trials: every measured shape is held out of the table and selected from the
     rest (regret on shapes not in the table), plus the analytic fallback alone. Otherwise
-    each shape (--shapes or the shape options) is timed on this GPU: the selected config,
+    each shape (--shapes-file or the shape options) is timed on this GPU: the selected config,
     the baselines', S=1 and every config of the search space (a grid YAML's own space and timing).
     """
     from splitkv_tune import evaluation
+    check_output(out_csv, "--out-csv")
+    check_output(out_md, "--out-md")
     if trials is not None:
-        df = evaluation.evaluate_trials(read_trials(trials), gpu, leave_one_out=True)
+        trial_rows = read_trials(trials)
+        gpu = _gpu_name(gpu, trial_rows)
+        if gpu is None:
+            _fail(f"{trials} holds trials of several GPUs: name one with --gpu")
+        df = evaluation.evaluate_trials(trial_rows, gpu, leave_one_out=True)
         cmp = {n: evaluation.summarize(df[f"{n}_regret"]) for n in ("fallback", "fa2")}
         verdict = "better" if cmp["fallback"]["geomean"] < cmp["fa2"]["geomean"] else "NOT better"
         header = (f"# Selector regret, leave-one-out over {trials} (GPU {resolve_gpu(gpu)})\n\n"
@@ -176,6 +206,7 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
         return
     from splitkv_tune.bench import backend_problem
     shapes, search_space, timing = _measurement_plan(shapes_file, shape_kw, max_time_s)
+    gpu = _gpu_name(gpu)
     loaded, where = _load_table(table, gpu)
     problem = backend_problem(backend)
     if problem:
@@ -201,6 +232,7 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
 def export(fmt, gpus, tables, output):
     """Export heuristics as CSV, per-device JSON files or a C++ header (one or several GPUs,
     dispatched by device name)."""
+    check_output(output, "-o", directory=(fmt == "json"))
     from splitkv_tune import export as ex
     sources = _export_sources(gpus, tables)
     if fmt != "cpp-header" and len(sources) != 1:
@@ -246,8 +278,8 @@ def _export_sources(gpus, tables) -> list[tuple[str, str | None]]:
 @click.argument("path", required=False, type=click.Path(dir_okay=False))
 @click.option("-o", "--output", default="best_splits.png", show_default=True,
               help="output directory or base name (PNG and SVG are written)")
-@click.option("--gpu", default="h200", show_default=True,
-              help="GPU of a trials.csv (SM count for FA2's heuristic)")
+@click.option("--gpu", default="auto", show_default=True,
+              help=GPU_HELP + " (the SM count of FA2's heuristic for a trials.csv)")
 @click.option("--regret", "regret_csv", type=click.Path(dir_okay=False), default=None,
               help="also plot each rule's regret per shape from an `evaluate --out-csv` file")
 @_exit_2_on_bad_input
@@ -257,7 +289,8 @@ def plot(path, output, gpu, regret_csv):
     from splitkv_tune.plot import plot_all, plot_regret
     if path is None and regret_csv is None:
         _fail("give a heuristics or trials CSV (PATH), or --regret EVAL.csv")
-    files = plot_all(path, output, gpu) if path is not None else []
+    check_output(Path(output).parent if Path(output).suffix else output, "-o", directory=True)
+    files = plot_all(path, output, _gpu_name(gpu)) if path is not None else []
     if regret_csv is not None:
         files += plot_regret(regret_csv, output)
     for p in files:

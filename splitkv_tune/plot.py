@@ -163,8 +163,21 @@ def _winners_from_trials(trials: pd.DataFrame, gpu: str) -> tuple[pd.DataFrame, 
     return heur, pd.DataFrame(rows)
 
 
-def read_any(path, gpu: str = "nvidia_h200") -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """(heuristics, per-shape speedups or None) from a heuristics.csv or a trials.csv."""
+def _trials_gpu(path, trials: pd.DataFrame) -> str:
+    """The GPU of a trials file: its gpu column, else the ``results/<gpu>/`` folder it sits in
+    when that names a known GPU."""
+    from splitkv_tune.gpus import profile_for
+    if "gpu" in trials and trials["gpu"].nunique() == 1:
+        return str(trials["gpu"].iloc[0])
+    folder = Path(path).resolve().parent.name
+    if profile_for(folder) is not None:
+        return folder
+    raise TableError(path, "cannot tell which GPU these trials ran on: name it with --gpu")
+
+
+def read_any(path, gpu: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """(heuristics, per-shape speedups or None) from a heuristics.csv or a trials.csv; a trials
+    file's winners are taken for ``gpu`` (``None``: the one GPU its rows name)."""
     raw = _read_csv(path)
     if "schema_version" in raw.columns:
         return validate_heuristics(raw, path), None
@@ -172,7 +185,7 @@ def read_any(path, gpu: str = "nvidia_h200") -> tuple[pd.DataFrame, pd.DataFrame
         trials = validate_trials(raw, path)
         if not (trials["status"] == "ok").any():
             raise TableError(path, "no successful trials")
-        return _winners_from_trials(trials, gpu)
+        return _winners_from_trials(trials, gpu or _trials_gpu(path, trials))
     raise TableError(path, "neither a heuristics table (schema_version column) nor trials "
                            "(status column)")
 
@@ -190,7 +203,7 @@ def out_base(out) -> Path:
     return out
 
 
-def plot_all(path, out, gpu: str = "nvidia_h200") -> list[Path]:
+def plot_all(path, out, gpu: str | None = None) -> list[Path]:
     """Write every plot the input supports; return the files written."""
     heur, speed = read_any(path, gpu)
     base = out_base(out)

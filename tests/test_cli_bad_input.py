@@ -192,7 +192,7 @@ def test_bench_json_and_csv_to_stdout():
     payload = json.loads(result.output)
     assert sorted(r["num_splits"] for r in payload["rows"]) == [1, 2]
     result = invoke(bench_cmd, [*TINY_BENCH, "--csv", "-"])
-    assert result.exit_code == 0 and result.output.startswith("num_splits,block_kv,")
+    assert result.exit_code == 0 and result.output.startswith("impl,num_splits,block_kv,")
 
 
 def test_env_says_whether_the_cuda_extension_is_built():

@@ -18,7 +18,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def test_plots_from_trials(tmp_path):
-    files = plot_all(FIXTURES / "trials.csv", str(tmp_path / "out") + "/")
+    files = plot_all(FIXTURES / "trials.csv", str(tmp_path / "out") + "/", "h200")
     expected = {f"best_splits{s}.{ext}" for s in SUFFIXES_TRIALS for ext in ("png", "svg")}
     assert {p.name for p in files} == expected
     for p in files:

@@ -166,7 +166,7 @@ def test_evaluate_times_every_rule_on_the_reference_backend(tmp_path):
     from splitkv_tune.cli_tables import evaluate
     grid = _tiny_grid(tmp_path, "[1, 2, 4]", max_time_s=0.0)
     out = tmp_path / "ev.csv"
-    result = CliRunner().invoke(evaluate, ["--gpu", "h200", "--backend", "reference", "--shapes",
+    result = CliRunner().invoke(evaluate, ["--gpu", "h200", "--backend", "reference", "--shapes-file",
                                            str(grid), "--table", str(FIXTURES / "heuristics.csv"),
                                            "--out-csv", str(out)])
     assert result.exit_code == 0, result.output
@@ -193,7 +193,7 @@ def test_evaluate_takes_the_grid_timing_unless_overridden(tmp_path, monkeypatch)
             "s1_regret": 0.0}
 
     monkeypatch.setattr(evaluation, "measure_shape", fake_measure)
-    base = ["--gpu", "h200", "--backend", "reference", "--shapes", str(grid),
+    base = ["--gpu", "h200", "--backend", "reference", "--shapes-file", str(grid),
             "--table", str(FIXTURES / "heuristics.csv")]
     for extra, want in (([], 0.01), (["--max-time-s", "0.5"], 0.5)):
         result = CliRunner().invoke(evaluate, base + extra)

@@ -89,7 +89,7 @@ for mode in "$@"; do
       timeout 420 splitkv-tune sweep --gpu "$flag" --grid quick --no-progress 2>&1 | tail -25 | tee "$out/sweep.log"
       ;;
     evaluate)
-      timeout 240 splitkv-tune evaluate --gpu "$flag" --shapes configs/evaluate.yaml \
+      timeout 240 splitkv-tune evaluate --gpu "$flag" --shapes-file configs/evaluate.yaml \
         --out-csv results/$gpu/evaluate_gpu.csv --out-md results/$gpu/evaluate_gpu.md 2>&1 | tail -20 | tee "$out/evaluate.log"
       ;;
     breakdown)
