@@ -45,11 +45,13 @@ FORMATS = ("png", "svg")
 def fmt_count(v: float) -> str:
     """Readable tick label: ``fmt_count(4096) == '4K'``.
 
-    >>> [fmt_count(v) for v in (8, 1024, 1536, 65536, 2**20)]
-    ['8', '1K', '1.5K', '64K', '1M']
+    Counts that are no whole or half multiple of the unit are printed whole.
+
+    >>> [fmt_count(v) for v in (8, 1024, 1536, 65536, 2**20, 40000)]
+    ['8', '1K', '1.5K', '64K', '1M', '40000']
     """
     for div, unit in ((2**20, "M"), (2**10, "K")):
-        if v >= div:
+        if v >= div and (2 * v / div).is_integer():
             return f"{v / div:g}{unit}"
     return f"{v:g}"
 
