@@ -1,4 +1,4 @@
-"""Every bad argument or file of bench, sweep, table and compare: one clear line naming it,
+"""Every bad argument or file of bench, sweep, table, compare, evaluate, export and plot: one clear line naming it,
 exit code 2, no traceback, and nothing already stored touched."""
 import json
 from pathlib import Path
@@ -12,6 +12,8 @@ from splitkv_tune.cli_sweep import table as table_cmd
 from splitkv_tune.cli_tune import bench as bench_cmd
 from splitkv_tune.cli_tune import compare as compare_cmd
 from splitkv_tune.cli_tune import env as env_cmd
+
+ROOT = Path(__file__).resolve().parent.parent
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY_GRID = yaml.safe_load((FIXTURES / "tiny_grid.yaml").read_text())
@@ -199,3 +201,31 @@ def test_env_says_whether_the_cuda_extension_is_built():
     info = json.loads(invoke(env_cmd, ["--json"]).output)
     assert isinstance(info["cuda_extension"]["built"], bool)
     assert info["cuda_extension"]["built"] or info["cuda_extension"]["error"]
+
+
+def _table_commands():
+    from splitkv_tune.cli_tables import evaluate, export, plot
+    trials = str(ROOT / "results" / "nvidia_h200" / "trials.csv")
+    heur = str(ROOT / "results" / "nvidia_h200" / "heuristics.csv")
+    yield "evaluate --out-csv", evaluate, ["--from-trials", trials, "--gpu", "h200", "--out-csv"]
+    yield "evaluate --out-md", evaluate, ["--from-trials", trials, "--gpu", "h200", "--out-md"]
+    yield "export -o", export, ["--format", "cpp-header", "--table", heur, "--gpu", "h200", "-o"]
+    yield "plot -o", plot, [heur, "-o"]
+
+
+@pytest.mark.parametrize("command,args", [pytest.param(c, a, id=n) for n, c, a in _table_commands()])
+def test_table_command_outputs_under_a_regular_file(tmp_path, command, args):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    result = invoke(command, [*args, str(blocker / "out.x")])
+    assert_clear_error(result, args[-1])
+    assert blocker.read_text() == "x"
+
+
+def test_select_json(tmp_path):
+    from splitkv_tune.cli_tables import select
+    result = invoke(select, ["--gpu", "h200", "--batch", "2", "--q-heads", "32", "--kv-heads", "8",
+                             "--kv-len", "30000", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    assert payload["num_splits"] >= 1 and payload["block_kv"] in (32, 64, 128) and payload["why"]
