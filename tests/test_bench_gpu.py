@@ -60,7 +60,7 @@ def test_wrong_output_is_never_timed(monkeypatch):
 
 
 def test_sweep_on_cuda(tmp_path):
-    from splitkv_tune.cli_tune import sweep
+    from splitkv_tune.cli_sweep import sweep
     grid = tmp_path / "g.yaml"
     grid.write_text(yaml.safe_dump({
         "shapes": [{"dtype": "bf16", "head_dim": 128, "q_heads": 32, "kv_heads": 8, "batch": 1,
