@@ -369,6 +369,9 @@ def embedded_rules() -> str:
     parts = []
     for name in ("tunables.h", "rules.h"):
         text = (kernel_include_dir() / "splitkv" / name).read_text()
+        if name == "tunables.h":  # the constants; not the lists of kernel instantiations
+            head, _, _ = text.partition("// X(")
+            text = head.rstrip() + "\n\n}  // namespace splitkv\n"
         parts.append("\n".join(line for line in text.splitlines()
                                if not line.startswith(("#pragma once", "#include"))))
     return ("#ifndef SPLITKV_RULES_EMBEDDED_\n#define SPLITKV_RULES_EMBEDDED_\n"
