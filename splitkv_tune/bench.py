@@ -102,7 +102,9 @@ def default_device(backend: str) -> torch.device:
     return torch.device("cpu")
 
 
-def _stop(n: int, elapsed: float, min_reps: int, max_time_s: float) -> bool:
+def sampling_done(n: int, elapsed: float, min_reps: int, max_time_s: float) -> bool:
+    """The sampling rule of every timing here: ``max_time_s`` passed and ``min_reps`` taken, or
+    ``MAX_REPS`` taken."""
     return n >= MAX_REPS or (n >= min_reps and elapsed >= max_time_s)
 
 
@@ -115,7 +117,7 @@ def _time_wallclock(fns, warmup_s, min_reps, max_time_s) -> Timing:
             break
     samples = []
     start = time.perf_counter()
-    while not _stop(len(samples), time.perf_counter() - start, min_reps, max_time_s):
+    while not sampling_done(len(samples), time.perf_counter() - start, min_reps, max_time_s):
         t0 = time.perf_counter()
         for fn in fns:
             fn()
@@ -169,7 +171,7 @@ def _time_cuda(fns, device, warmup_s, min_reps, max_time_s, method) -> Timing:
     pairs = []
     start = time.perf_counter()
     samples: list[float] = []
-    while not _stop(len(samples), time.perf_counter() - start, min_reps, max_time_s):
+    while not sampling_done(len(samples), time.perf_counter() - start, min_reps, max_time_s):
         if used == "cuda_events":
             torch.cuda._sleep(200_000)  # lets the host queue the batch ahead of the GPU
         pairs = []

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import click
 
-from splitkv_tune import tunables
 from splitkv_tune.cli_errors import STDOUT, check_output, exit_2_on_bad_input, fail
 from splitkv_tune.cli_tune import (BACKEND_OPTION, _backend_or_exit, _grid_shapes, _num_sms,
-                                   _smem_limit, _timing, _timing_options, parse_duration)
+                                   _smem_limit, _timing, _timing_options, grid_options,
+                                   parse_duration)
 
 SEED_RANGE = click.IntRange(min=0, max=2**32 - 1)  # what Optuna's samplers (numpy) accept
 
@@ -59,12 +59,7 @@ def _refuse_too_big(summary: dict) -> None:
               help="Table name (a100, h100, h200, auto, ...); must match the device unless "
                    "--force. "
                    "On --backend reference the device is 'cpu_reference'.")
-@click.option("--grid", default="quick", show_default=True, help="quick, full or a YAML path.")
-@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(tunables.DTYPES),
-              help="Only these dtypes of the grid.")
-@click.option("--head-dim", "head_dims", multiple=True, type=int, help="Only these head dims.")
-@click.option("--shapes", "patterns", multiple=True,
-              help="Only shapes whose key matches this glob, e.g. '*_b1_*'.")
+@grid_options
 @click.option("--trials", type=click.IntRange(min=1), default=None,
               help="Configs to measure per shape "
                    "(default: every candidate with grid, 64 with tpe).")

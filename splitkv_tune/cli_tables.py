@@ -7,13 +7,12 @@ file and the problem.
 from __future__ import annotations
 
 import functools
-import sys
 from pathlib import Path
 
 import click
 
 from splitkv_tune import tunables
-from splitkv_tune.cli_errors import STDOUT, check_output, exit_2_on_bad_input, fail
+from splitkv_tune.cli_errors import check_output, exit_2_on_bad_input, fail
 from splitkv_tune.gpus import profile_for, resolve_gpu
 from splitkv_tune.selector import (TABLES_ENV, HeuristicTable, load_table_for_gpu, select_shape,
                                    table_path_for_gpu)

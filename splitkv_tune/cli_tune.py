@@ -27,6 +27,20 @@ def _check_timing(ctx, param, value):
     return value
 
 
+def grid_options(fn):
+    """``--grid`` and the filters of its shapes, one meaning in every command that takes a grid."""
+    for opt in reversed([
+        click.option("--grid", default="quick", show_default=True, help="quick, full or a YAML path."),
+        click.option("--dtype", "dtypes", multiple=True, type=click.Choice(tunables.DTYPES),
+                     help="Only these dtypes of the grid."),
+        click.option("--head-dim", "head_dims", multiple=True, type=int, help="Only these head dims."),
+        click.option("--shapes", "patterns", multiple=True,
+                     help="Only shapes whose key matches this glob, e.g. '*_b1_*'."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
 def _timing_options(fn):
     for opt in reversed([
         click.option("--warmup-s", type=float, default=None, callback=_check_timing,
@@ -296,10 +310,7 @@ def _print_breakdowns(runs, frame) -> None:
 
 
 @click.command()
-@click.option("--grid", default="quick", show_default=True, help="quick, full or a YAML path.")
-@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(tunables.DTYPES))
-@click.option("--head-dim", "head_dims", multiple=True, type=int)
-@click.option("--shapes", "patterns", multiple=True, help="Glob on the shape key.")
+@grid_options
 @click.option("--table", "table_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="heuristics.csv whose winners we run (default: the selector, num_splits=auto).")
 @click.option("--config", "config_text", default=None,

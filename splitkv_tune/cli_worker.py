@@ -13,11 +13,11 @@ import sys
 
 import click
 
-from splitkv_tune import tunables
 from splitkv_tune.cli_errors import check_output, exit_2_on_bad_input, fail
 from splitkv_tune.cli_sweep import SEED_RANGE
 from splitkv_tune.cli_tune import (BACKEND_OPTION, _backend_or_exit, _grid_shapes, _num_sms,
-                                   _smem_limit, _timing, _timing_options, parse_duration)
+                                   _smem_limit, _timing, _timing_options, grid_options,
+                                   parse_duration)
 
 
 @click.command()
@@ -25,12 +25,7 @@ from splitkv_tune.cli_tune import (BACKEND_OPTION, _backend_or_exit, _grid_shape
               help="The sweep's storage: a postgresql:// URL, or its journal file.")
 @click.option("--gpu", default="auto", show_default=True,
               help="Table name; must match this machine's device and the sweep's studies.")
-@click.option("--grid", default="quick", show_default=True, help="quick, full or a YAML path.")
-@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(tunables.DTYPES),
-              help="Only these dtypes of the grid.")
-@click.option("--head-dim", "head_dims", multiple=True, type=int, help="Only these head dims.")
-@click.option("--shapes", "patterns", multiple=True,
-              help="Only shapes whose key matches this glob, e.g. '*_b1_*'.")
+@grid_options
 @click.option("--trials", type=click.IntRange(min=1), default=None,
               help="Configs to measure per shape, as given to the sweep.")
 @click.option("--time-budget", default=None, help="Stop after this long (90s, 30m, 8h).")

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from splitkv_tune.bench import Timing, _stop
+from splitkv_tune.bench import Timing, sampling_done
 
 CALLS = 64
 # Cycles of GPU sleep per queued call: ~50 µs at ~2 GHz, well above any host cost measured.
@@ -48,7 +48,7 @@ def time_eager(fns: Sequence[Callable[[], object]], device, *, warmup_s: float =
         host: list[float] = []
         eager: list[float] = []
         start = time.perf_counter()
-        while not _stop(len(host), time.perf_counter() - start, min_reps, max_time_s):
+        while not sampling_done(len(host), time.perf_counter() - start, min_reps, max_time_s):
             torch.cuda._sleep(SLEEP_CYCLES_PER_CALL * len(calls))
             t0 = time.perf_counter()
             for fn in calls:

@@ -156,6 +156,13 @@ def check_supported(name: str, shape: Shape) -> None:
 Launch = Callable[[torch.Tensor, tuple, torch.Tensor], object]
 
 
+def _wrapper_launch(wrapper) -> Launch:
+    """A planned FlashInfer wrapper's ``run`` as a launcher, into the caller's output rows."""
+    def launch(q_rows, kv_pages, out_rows):
+        return wrapper.run(q_rows, kv_pages, out=out_rows)
+    return launch
+
+
 def _decode_launch(flashinfer, shape: Shape, scale: float, cache: PagedKV, dtype, device,
                    use_tensor_cores: bool) -> Launch:
     workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
@@ -165,10 +172,7 @@ def _decode_launch(flashinfer, shape: Shape, scale: float, cache: PagedKV, dtype
     wrapper.plan(cache.indptr, cache.indices, cache.last_page_len, shape.q_heads,
                  shape.kv_heads, shape.head_dim, PAGE_SIZE, pos_encoding_mode="NONE",
                  q_data_type=dtype, kv_data_type=dtype, sm_scale=scale)
-
-    def launch(q_rows, kv_pages, out_rows):
-        return wrapper.run(q_rows, kv_pages, out=out_rows)
-    return launch
+    return _wrapper_launch(wrapper)
 
 
 def _prefill_launch(flashinfer, shape: Shape, scale: float, cache: PagedKV, dtype,
@@ -184,10 +188,7 @@ def _prefill_launch(flashinfer, shape: Shape, scale: float, cache: PagedKV, dtyp
                  shape.kv_heads, shape.head_dim, PAGE_SIZE, causal=shape.causal,
                  pos_encoding_mode="NONE", sm_scale=scale, q_data_type=dtype,
                  kv_data_type=dtype)
-
-    def launch(q_rows, kv_pages, out_rows):
-        return wrapper.run(q_rows, kv_pages, out=out_rows)
-    return launch
+    return _wrapper_launch(wrapper)
 
 
 def _xqa_launch(flashinfer, shape: Shape, scale: float, cache: PagedKV, dtype,
