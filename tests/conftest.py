@@ -12,9 +12,11 @@ import functools
 import os
 import random
 import secrets
+from pathlib import Path
 
 import pytest
 import torch  # before the extension: it links against libtorch's libraries
+import yaml
 
 from splitkv_tune.tunables import Shape
 
@@ -114,3 +116,45 @@ def ops():
     """``splitkv_tune.ops``, imported by the GPU tests only, so CPU collection never needs it."""
     from splitkv_tune import ops as module
     return module
+
+
+TINY_GRID_FILE = Path(__file__).parent / "fixtures" / "tiny_grid.yaml"
+
+
+@pytest.fixture
+def tiny_grid_file(tmp_path):
+    """``write(max_time_s=None)``: the tiny sweep grid written under tmp_path, with trials of
+    about ``max_time_s`` seconds each (long enough for a kill to land inside one) when given."""
+    def write(max_time_s: float | None = None, name: str = "tiny.yaml") -> Path:
+        grid = yaml.safe_load(TINY_GRID_FILE.read_text())
+        if max_time_s is not None:
+            grid["timing"] = {"warmup_s": 0.0, "min_reps": 3, "max_time_s": max_time_s}
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(grid))
+        return path
+    return write
+
+
+@pytest.fixture(scope="session")
+def tiny_grid_trials() -> int:
+    """Trials a whole sweep of the tiny grid measures: every candidate of the sweep's plan."""
+    from splitkv_tune import space, sweep
+    grid = space.load_grid(str(TINY_GRID_FILE))
+    plan = sweep.SweepPlan(gpu="cpu_reference", grid=grid, shapes=list(grid.shapes))
+    return sum(len(plan.candidates(shape)) for shape in grid.shapes)
+
+
+@pytest.fixture
+def assert_every_point_once(tiny_grid_trials):
+    """``check(out)``: ``out/trials.csv`` of a tiny-grid sweep passes the validated reader, every
+    candidate was measured exactly once with all its fields, and the trials come back."""
+    from splitkv_tune.table_schema import CONFIG_COLUMNS, SHAPE_COLUMNS, read_trials
+
+    def check(out: Path):
+        trials = read_trials(out / "trials.csv")
+        assert len(trials) == tiny_grid_trials
+        assert not trials.duplicated(SHAPE_COLUMNS + CONFIG_COLUMNS).any()
+        assert (trials.status == "ok").all() and trials.run_id.notna().all()
+        assert trials.p20_us.notna().all() and trials.p80_us.notna().all() and (trials.n >= 3).all()
+        return trials
+    return check

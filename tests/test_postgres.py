@@ -101,18 +101,9 @@ def database(postgres, request):
 
 
 @pytest.fixture
-def grid(tmp_path):
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump({**TINY_GRID, "timing": {"warmup_s": 0.0, "min_reps": 3,
-                                                           "max_time_s": 0.2}}))
-    return path
+def grid(tiny_grid_file):
+    return tiny_grid_file(0.2)
 
-
-def n_candidates(num_sms=132):
-    grid = space.parse_grid(TINY_GRID)
-    return sum(len(space.candidate_configs(s, grid.space,
-                                           extra_splits=[space.fa2_config(s, num_sms).num_splits]))
-               for s in grid.shapes)
 
 
 def sweep_args(grid, out, storage, *extra):
@@ -120,15 +111,9 @@ def sweep_args(grid, out, storage, *extra):
             storage, "--no-progress", *extra]
 
 
-def assert_every_point_once(out: Path):
-    trials = read_trials(out / "trials.csv")
-    assert len(trials) == n_candidates()
-    assert not trials.duplicated(SHAPE_COLUMNS + CONFIG_COLUMNS).any()
-    assert (trials.status == "ok").all()
-    return trials
 
-
-def test_two_workers_on_postgres_merge_into_the_results_of_one(grid, tmp_path, database):
+def test_two_workers_on_postgres_merge_into_the_results_of_one(grid, tmp_path, database,
+                                                               assert_every_point_once):
     single = CliRunner().invoke(sweep_cmd, sweep_args(grid, tmp_path / "single",
                                                       str(tmp_path / "single.journal")))
     assert single.exit_code == 0, single.output
@@ -188,7 +173,8 @@ def kill_session(proc) -> None:
         proc.communicate()
 
 
-def test_kill_9_of_a_postgres_worker_then_completion(grid, tmp_path, database, request):
+def test_kill_9_of_a_postgres_worker_then_completion(grid, tmp_path, database, request,
+                                                     assert_every_point_once):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "splitkv_tune.cli", "sweep",

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from splitkv_tune import records, space, storage as storage_mod
+from splitkv_tune import records, storage as storage_mod
 from splitkv_tune.cli_sweep import sweep as sweep_cmd
 from splitkv_tune.cli_sweep import table as table_cmd
 from splitkv_tune.table_schema import CONFIG_COLUMNS, SHAPE_COLUMNS, read_trials
@@ -28,22 +28,13 @@ from splitkv_tune.table_schema import CONFIG_COLUMNS, SHAPE_COLUMNS, read_trials
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_GRID = yaml.safe_load((Path(__file__).parent / "fixtures" / "tiny_grid.yaml").read_text())
-SLOW_TIMING = {"warmup_s": 0.0, "min_reps": 3, "max_time_s": 0.15}
 
 
 @pytest.fixture
-def slow_grid(tmp_path):
+def slow_grid(tiny_grid_file):
     """The tiny grid with trials long enough (~0.2 s) for a kill to land inside one."""
-    path = tmp_path / "slow.yaml"
-    path.write_text(yaml.safe_dump({**TINY_GRID, "timing": SLOW_TIMING}))
-    return path
+    return tiny_grid_file(0.15, "slow.yaml")
 
-
-def n_candidates(num_sms=132):
-    grid = space.parse_grid(TINY_GRID)
-    return sum(len(space.candidate_configs(s, grid.space,
-                                           extra_splits=[space.fa2_config(s, num_sms).num_splits]))
-               for s in grid.shapes)
 
 
 def sweep_args(grid, out, *extra):
@@ -78,15 +69,6 @@ def run_cli(command, args):
     return CliRunner().invoke(command, args, catch_exceptions=False)
 
 
-def assert_every_point_once(out: Path):
-    """trials.csv passes the validated reader, and every candidate is measured exactly once."""
-    trials = read_trials(out / "trials.csv")
-    assert len(trials) == n_candidates()
-    assert not trials.duplicated(SHAPE_COLUMNS + CONFIG_COLUMNS).any()
-    assert (trials.status == "ok").all() and trials.run_id.notna().all()
-    assert trials.p20_us.notna().all() and trials.p80_us.notna().all() and (trials.n >= 3).all()
-    return trials
-
 
 def wait_for_journal_records(journal: Path, count: int, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
@@ -98,7 +80,8 @@ def wait_for_journal_records(journal: Path, count: int, timeout_s: float = 60.0)
 
 
 def test_kill_9_at_random_points_then_resume_loses_and_redoes_nothing(slow_grid, tmp_path,
-                                                                        monkeypatch, spawn):
+                                                                        monkeypatch, spawn,
+                                                                        assert_every_point_once):
     """Relative --out, as the default results/<gpu>/ is: a kill while the journal lock is held
     used to make every later --resume wait forever."""
     rng = random.Random(os.environ.get("SPLITKV_TEST_SEED", "kill-9"))
@@ -119,7 +102,8 @@ def test_kill_9_at_random_points_then_resume_loses_and_redoes_nothing(slow_grid,
     assert not list((tmp_path / "out").glob("optuna.journal.lock*"))
 
 
-def test_a_lock_held_at_a_kill_does_not_hang_resume(slow_grid, tmp_path, monkeypatch):
+def test_a_lock_held_at_a_kill_does_not_hang_resume(slow_grid, tmp_path, monkeypatch,
+                                                    assert_every_point_once):
     monkeypatch.chdir(tmp_path)
     assert run_cli(sweep_cmd, sweep_args(slow_grid, "out", "--shapes", "bf16_*")[1:]).exit_code == 0
     journal = storage_mod.journal_path(None, Path("out"))
@@ -137,7 +121,8 @@ def test_a_lock_held_at_a_kill_does_not_hang_resume(slow_grid, tmp_path, monkeyp
     assert_every_point_once(tmp_path / "out")
 
 
-def test_a_relative_lock_left_by_an_older_version_is_removed(grid_path, tmp_path, monkeypatch):
+def test_a_relative_lock_left_by_an_older_version_is_removed(grid_path, tmp_path, monkeypatch,
+                                                             assert_every_point_once):
     monkeypatch.chdir(tmp_path)
     Path("out").mkdir()
     os.symlink("out/optuna.journal", "out/optuna.journal.lock")  # dangles from inside out/
@@ -155,7 +140,8 @@ def grid_path(tmp_path):
 
 
 def test_interrupt_while_recording_a_trial_leaves_no_half_measurement(grid_path, tmp_path,
-                                                                       monkeypatch):
+                                                                       monkeypatch,
+                                                                       assert_every_point_once):
     """Ctrl-C between the record and the tell: the trial is not a measurement, and it is
     measured again, with all its fields."""
     out = tmp_path / "out"
@@ -205,7 +191,7 @@ def test_a_trial_killed_after_its_record_was_written_is_measured_again(grid_path
     assert run_cli(table_cmd, [str(out), "-o", "-"]).exit_code == 0
 
 
-def test_torn_journal_tail_is_cut_off_and_kept(grid_path, tmp_path):
+def test_torn_journal_tail_is_cut_off_and_kept(grid_path, tmp_path, assert_every_point_once):
     out = tmp_path / "out"
     assert run_cli(sweep_cmd, sweep_args(grid_path, out, "--shapes", "bf16_*")[1:]).exit_code == 0
     journal = out / "optuna.journal"
@@ -238,7 +224,8 @@ def test_garbage_journal_is_a_clear_error_and_is_left_alone(grid_path, tmp_path,
     assert (out / "optuna.journal").read_bytes() == content
 
 
-def test_full_disk_is_one_clear_error_and_resume_completes(grid_path, tmp_path, monkeypatch):
+def test_full_disk_is_one_clear_error_and_resume_completes(grid_path, tmp_path, monkeypatch,
+                                                           assert_every_point_once):
     out = tmp_path / "out"
     backend = optuna.storages.journal.JournalFileBackend
     original = backend.append_logs
@@ -263,7 +250,8 @@ def test_full_disk_is_one_clear_error_and_resume_completes(grid_path, tmp_path, 
     assert_every_point_once(out)
 
 
-def test_two_sweeps_on_one_storage_finish_every_point_once(slow_grid, tmp_path, spawn):
+def test_two_sweeps_on_one_storage_finish_every_point_once(slow_grid, tmp_path, spawn,
+                                                           assert_every_point_once):
     procs = [spawn(sweep_args(slow_grid, "out", "--resume"), tmp_path) for _ in range(2)]
     outputs = [p.communicate(timeout=300) for p in procs]
     for proc, (stdout, stderr) in zip(procs, outputs):
@@ -298,7 +286,8 @@ def test_stale_temporaries_of_a_killed_write_are_removed(grid_path, tmp_path):
     assert not any(p.exists() for p in stale) and fresh.exists()
 
 
-def test_fresh_sweep_never_overwrites_results_it_did_not_write(grid_path, tmp_path):
+def test_fresh_sweep_never_overwrites_results_it_did_not_write(grid_path, tmp_path,
+                                                               assert_every_point_once):
     out = tmp_path / "out"
     out.mkdir()
     shipped = REPO / "results" / "nvidia_h200"

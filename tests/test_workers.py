@@ -24,19 +24,10 @@ TINY_GRID = yaml.safe_load((Path(__file__).parent / "fixtures" / "tiny_grid.yaml
 POINT = SHAPE_COLUMNS + CONFIG_COLUMNS
 
 
-def n_candidates(num_sms=132):
-    grid = space.parse_grid(TINY_GRID)
-    return sum(len(space.candidate_configs(s, grid.space,
-                                           extra_splits=[space.fa2_config(s, num_sms).num_splits]))
-               for s in grid.shapes)
-
 
 @pytest.fixture
-def grid(tmp_path):
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump({**TINY_GRID, "timing": {"warmup_s": 0.0, "min_reps": 3,
-                                                           "max_time_s": 0.2}}))
-    return path
+def grid(tiny_grid_file):
+    return tiny_grid_file(0.2)
 
 
 def sweep_args(grid, out, *extra):
@@ -44,19 +35,12 @@ def sweep_args(grid, out, *extra):
             *extra]
 
 
-def assert_every_point_once(out: Path) -> pd.DataFrame:
-    trials = read_trials(out / "trials.csv")
-    assert len(trials) == n_candidates()
-    assert not trials.duplicated(POINT).any()
-    assert (trials.status == "ok").all()
-    return trials
-
 
 def points(trials: pd.DataFrame) -> set:
     return set(map(tuple, trials[POINT].astype(str).to_numpy()))
 
 
-def test_two_workers_merge_into_the_results_of_one(grid, tmp_path):
+def test_two_workers_merge_into_the_results_of_one(grid, tmp_path, assert_every_point_once):
     single, multi = tmp_path / "single", tmp_path / "multi"
     assert CliRunner().invoke(sweep_cmd, sweep_args(grid, single)).exit_code == 0
     result = CliRunner().invoke(sweep_cmd, sweep_args(grid, multi, "--workers", "2"))
@@ -94,15 +78,13 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.fixture
-def slow_grid(tmp_path):
+def slow_grid(tiny_grid_file):
     """Trials of a second each: a kill seen mid-trial lands before that trial ends."""
-    path = tmp_path / "slow.yaml"
-    path.write_text(yaml.safe_dump({**TINY_GRID, "timing": {"warmup_s": 0.0, "min_reps": 3,
-                                                           "max_time_s": 1.0}}))
-    return path
+    return tiny_grid_file(1.0, "slow.yaml")
 
 
-def test_kill_9_of_a_worker_mid_trial_then_the_others_complete(slow_grid, tmp_path, request):
+def test_kill_9_of_a_worker_mid_trial_then_the_others_complete(slow_grid, tmp_path, request,
+                                                               assert_every_point_once):
     grid, out = slow_grid, tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     coordinator = subprocess.Popen(
@@ -137,7 +119,7 @@ def test_kill_9_of_a_worker_mid_trial_then_the_others_complete(slow_grid, tmp_pa
     assert not ((trials.study == victim[1]) & (trials.trial == victim[2])).any()
 
 
-def test_a_worker_joins_a_sweep_from_elsewhere(grid, tmp_path):
+def test_a_worker_joins_a_sweep_from_elsewhere(grid, tmp_path, assert_every_point_once):
     """The sweep measured one shape; a worker given the whole grid measures the other."""
     out = tmp_path / "out"
     first = CliRunner().invoke(sweep_cmd, sweep_args(grid, out, "--shapes", "bf16_*"))
@@ -173,7 +155,7 @@ def test_bad_workers_option(grid, tmp_path):
         assert result.exit_code == 2 and "--workers" in result.output, result.output
 
 
-def test_progress_view_counts_per_worker_and_gives_an_eta(grid, tmp_path):
+def test_progress_view_counts_per_worker_and_gives_an_eta(grid, tmp_path, tiny_grid_trials):
     from splitkv_tune import progress, sweep
     out = tmp_path / "out"
     assert CliRunner().invoke(sweep_cmd, sweep_args(grid, out, "--workers", "2")).exit_code == 0
@@ -181,13 +163,13 @@ def test_progress_view_counts_per_worker_and_gives_an_eta(grid, tmp_path):
                            shapes=list(space.parse_grid(TINY_GRID).shapes), out_dir=out)
     storage = storage_mod.open_storage(None, out)
     snap = progress.snapshot(storage, plan)
-    assert snap["done"] == snap["planned"] == n_candidates()
-    assert sum(c["done"] for c in snap["per_worker"].values()) == n_candidates()
+    assert snap["done"] == snap["planned"] == tiny_grid_trials
+    assert sum(c["done"] for c in snap["per_worker"].values()) == tiny_grid_trials
     assert set(snap["per_worker"]) == {"w0", "w1"}
     lines = []
     view = progress.ProgressView(storage, plan, lines.append)
     view(force=True)
-    assert f"{n_candidates()}/{n_candidates()} trials" in lines[0]
+    assert f"{tiny_grid_trials}/{tiny_grid_trials} trials" in lines[0]
     assert "w0:" in lines[0] and "running" in lines[0] and "ETA" in lines[0]
 
 
