@@ -214,7 +214,8 @@ void set_strides(const at::Tensor& t, int64_t& batch, int64_t& row, int64_t& hea
 // The combine kernel's params: partials of num_splits splits into out (B, Sq, Hkv * group, D)
 // and lse (may be null).
 CombineParams combine_params(const float* ws_o, const float* ws_m, const float* ws_l, const at::Tensor& out,
-                             float* lse, int batch, int kv_heads, int group, int q_len, int num_splits) {
+                             float* lse, int batch, int kv_heads, int group, int q_len, int num_splits,
+                             const SplitParams* live = nullptr) {
   CombineParams c{};
   c.ws_o = ws_o;
   c.ws_m = ws_m;
@@ -229,19 +230,32 @@ CombineParams combine_params(const float* ws_o, const float* ws_m, const float* 
   c.packed_rows = q_len * group;
   c.num_splits = num_splits;
   c.total_rows = int64_t(batch) * kv_heads * c.packed_rows;
+  if (live != nullptr) {
+    c.seqlens = live->seqlens;
+    c.block_kv = live->block_kv;
+    c.min_blocks_per_split = live->min_blocks_per_split;
+  }
   return c;
 }
 
 // Launches the split kernel (and the combine kernel when it merges) on torch's current stream
-// of q's device. q, k, v passed check_problem and the tunables were validated by ops.py; the
-// workspace (None: the default one) is checked here. Returns (out, lse); lse is None unless
-// return_lse.
+// of q's device. q, k, v passed check_problem (or, for a paged / variable-length batch, the
+// checks of ops.py) and the tunables were validated by ops.py; the workspace (None: the default
+// one) is checked here. With cache_seqlens (int32 [B]) each sequence is split by its live length
+// (params.h), num_splits is the bound max_splits and split_policy is "blocks"; with block_table
+// (int32 [B, max_pages]) k and v are page pools (num_pages, page_size, Hkv, D). Returns
+// (out, lse); lse is None unless return_lse.
 py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::handle workspace_obj, bool causal,
                   double softmax_scale, int num_splits, int block_kv, int reduce_threads, int split_policy,
-                  bool return_lse, bool fused_merge, bool programmatic) {
+                  bool return_lse, bool fused_merge, bool programmatic, py::handle seqlens_obj,
+                  py::handle block_table_obj, int min_blocks_per_split) {
   const at::Tensor q = aligned(THPVariable_Unpack(q_obj.ptr()));
   const at::Tensor k = aligned(THPVariable_Unpack(k_obj.ptr()));
   const at::Tensor v = aligned(THPVariable_Unpack(v_obj.ptr()));
+  const bool live = !seqlens_obj.is_none();
+  const bool paged = !block_table_obj.is_none();
+  const at::Tensor seqlens = live ? THPVariable_Unpack(seqlens_obj.ptr()).contiguous() : at::Tensor();
+  const at::Tensor block_table = paged ? THPVariable_Unpack(block_table_obj.ptr()) : at::Tensor();
   const int device = q.device().index();
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
@@ -251,7 +265,7 @@ py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::hand
   p.q_len = int(q.size(1));
   p.q_heads = int(q.size(2));
   const int head_dim = int(q.size(3));
-  p.kv_len = int(k.size(1));
+  p.kv_len = int(paged ? block_table.size(1) * k.size(1) : k.size(1));
   p.kv_heads = int(k.size(2));
   p.group = p.q_heads / p.kv_heads;
   p.packed_rows = p.q_len * p.group;
@@ -261,7 +275,19 @@ py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::hand
   p.softmax_scale = float(softmax_scale);
   p.scale_log2 = float(softmax_scale * 1.4426950408889634);
   p.causal = causal;
-  p.split_policy = static_cast<SplitPolicy>(split_policy);
+  p.split_policy = static_cast<SplitPolicy>(live ? int(SplitPolicy::kBlocks) : split_policy);
+  if (live) {
+    p.seqlens = seqlens.data_ptr<int>();
+    p.block_kv = block_kv;
+    p.min_blocks_per_split = min_blocks_per_split;
+  }
+  if (paged) {
+    p.block_table = block_table.data_ptr<int>();
+    p.block_table_stride = block_table.stride(0);
+    int shift = 0;
+    while ((int64_t(1) << shift) < k.size(1)) ++shift;
+    p.page_shift = shift;
+  }
   const auto dtype = static_cast<DType>(dtype_code(q.scalar_type()));
   const int smem = rules::smem_bytes(int(q.element_size()), head_dim, block_m, block_kv);
   if (smem > smem_limit(device)) {
@@ -299,7 +325,8 @@ py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::hand
   run_split(p, dtype, head_dim, block_m, block_kv, stream, programmatic);
 
   if (num_splits > 1 && !fused_merge) {
-    run_combine(combine_params(p.ws_o, p.ws_m, p.ws_l, out, p.lse, p.batch, p.kv_heads, p.group, p.q_len, num_splits),
+    run_combine(combine_params(p.ws_o, p.ws_m, p.ws_l, out, p.lse, p.batch, p.kv_heads, p.group, p.q_len, num_splits,
+                               live ? &p : nullptr),
                 dtype, head_dim, reduce_threads, stream, programmatic);
   }
   if (!return_lse) return py::make_tuple(out, py::none());

@@ -42,7 +42,7 @@ def _device_info(index: int) -> tuple[str, int]:
     return props.name, props.multi_processor_count
 
 
-def _check_tensor(name: str, t, rank: int) -> None:
+def check_tensor(name: str, t, rank: int) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in _DTYPES:
@@ -57,7 +57,7 @@ def _check_tensor(name: str, t, rank: int) -> None:
 def problem_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> Shape:
     """Validate q, k, v against each other and return the problem's ``Shape``."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, t, 4)
+        check_tensor(name, t, 4)
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.device != q.device or v.device != q.device:
@@ -250,9 +250,11 @@ def _plan_for(dims: tuple, causal, softmax_scale, num_splits, block_kv, reduce_t
 def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     workspace: torch.Tensor | None, causal: bool, softmax_scale: float, num_splits: int,
                     block_kv: int, reduce_threads: int, split_policy: int, return_lse: bool,
-                    fused_merge: bool, pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                    fused_merge: bool, pdl: bool, cache_seqlens: torch.Tensor | None,
+                    block_table: torch.Tensor | None, min_blocks_per_split: int) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = _extension().forward(q, k, v, workspace, causal, softmax_scale, num_splits, block_kv,
-                                    reduce_threads, split_policy, return_lse, fused_merge, pdl)
+                                    reduce_threads, split_policy, return_lse, fused_merge, pdl, cache_seqlens,
+                                    block_table, min_blocks_per_split)
     return out, lse if return_lse else q.new_empty((0,), dtype=torch.float32)
 
 
@@ -263,7 +265,7 @@ _attention_op = torch.library.custom_op("splitkv::attention", mutates_args=("wor
 
 @_attention_op.register_fake
 def _(q, k, v, workspace, causal, softmax_scale, num_splits, block_kv, reduce_threads,
-      split_policy, return_lse, fused_merge, pdl):
+      split_policy, return_lse, fused_merge, pdl, cache_seqlens, block_table, min_blocks_per_split):
     batch, q_len, q_heads, _ = q.shape
     lse_shape = (batch, q_heads, q_len) if return_lse else (0,)
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
@@ -281,13 +283,14 @@ def _traced_call(q, k, v, causal, softmax_scale, tunables_given: dict, merge, wo
         fields, q.device.index, *(tunables_given[t] for t in _TUNABLES), merge)
     _check_workspace(q, workspace)
     return _attention_op(q, k, v, workspace, bool(causal), scale, splits, bkv, threads, policy,
-                         bool(return_lse), fused, enable_pdl)
+                         bool(return_lse), fused, enable_pdl, None, None, 1)
 
 
 def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="auto",
                       block_kv="auto", reduce_threads="auto", split_policy="auto",
                       merge="auto", workspace=None, return_lse=False, enable_pdl=True,
-                      cache_seqlens=None, block_table=None):
+                      cache_seqlens=None, block_table=None, max_splits="auto",
+                      min_blocks_per_split="auto", check_inputs=True):
     """Split-KV attention forward.
 
     q ``(B, Sq, Hq, D)``, k and v ``(B, Sk, Hkv, D)``, fp16 or bf16 on one CUDA device,
@@ -303,10 +306,27 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
     programmatic dependent launch (sm_90 and newer; ignored on older GPUs), so that the launch
     and the index arithmetic overlap the previous kernel of the stream; every memory access
     still waits until that kernel has finished.
+
+    Paged and variable-length batches: with ``cache_seqlens`` (int32 ``[B]`` on q's device,
+    each sequence's live length) and/or ``block_table`` (int32 ``[B, max_pages]``, pages in
+    any order, shared by K and V; k and v are then page pools ``(num_pages, page_size, Hkv,
+    D)``, page sizes ``plan.PAGE_SIZES``), keys at or past a sequence's length are never read,
+    causal masks are aligned to each sequence's own end, and a sequence of length 0 gets
+    ``out = 0`` and ``lse = -inf``. Each sequence is split by its own length on the device
+    (``live_splits(len, block_kv, min_blocks_per_split, max_splits)``; see
+    :mod:`splitkv_tune.live` for the ``"auto"`` knobs), so a captured graph replays any mix
+    of lengths; ``num_splits`` and ``split_policy`` do not apply. ``max_splits`` sizes the
+    grid and the workspace (``live.workspace_size(q, max_splits)``). A sequence's output bits
+    depend only on its own q, keys, length and the knobs, never on the other sequences or the
+    table's width. ``check_inputs`` (default True): read the lengths and the table to the host
+    and raise ``ValueError`` for a length above the capacity or a live page outside the pool;
+    skipped under CUDA-graph capture and ``torch.compile``, and when False (then a wrong table
+    is the caller's out-of-bounds read).
     """
     if cache_seqlens is not None or block_table is not None:
-        raise ValueError("cache_seqlens and block_table (paged / variable-length KV) are not "
-                         "supported by this release; pass None")
+        return _live_call(q, k, v, cache_seqlens, block_table, causal, softmax_scale, num_splits, block_kv,
+                          reduce_threads, split_policy, merge, workspace, return_lse, enable_pdl, max_splits,
+                          min_blocks_per_split, check_inputs)
     if torch.compiler.is_compiling():
         given = dict(zip(_TUNABLES, (num_splits, block_kv, reduce_threads, split_policy)))
         out, lse = _traced_call(q, k, v, causal, softmax_scale, given, merge, workspace, return_lse,
@@ -318,7 +338,29 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
                      split_policy, merge, enable_pdl)
     splits, bkv, threads, policy, fused = plan.launch_args(dims[6])
     out, lse = ext.forward(q, k, v, workspace, plan.shape.causal, plan.scale, splits, bkv, threads,
-                           policy, bool(return_lse), fused, enable_pdl)
+                           policy, bool(return_lse), fused, enable_pdl, None, None, 1)
+    return (out, lse) if return_lse else out
+
+
+def _live_call(q, k, v, cache_seqlens, block_table, causal, softmax_scale, num_splits, block_kv, reduce_threads,
+               split_policy, merge, workspace, return_lse, enable_pdl, max_splits, min_blocks_per_split,
+               check_inputs):
+    """A paged / variable-length call (:mod:`splitkv_tune.live`), eager or traced."""
+    from splitkv_tune import live
+
+    args = live.launch_args(q, k, v, cache_seqlens=cache_seqlens, block_table=block_table, causal=causal,
+                            block_kv=block_kv, min_blocks_per_split=min_blocks_per_split, max_splits=max_splits,
+                            num_splits=num_splits, split_policy=split_policy, reduce_threads=reduce_threads,
+                            merge=merge, check_inputs=check_inputs)
+    scale = _check_scalars(softmax_scale, merge, enable_pdl, int(q.shape[3]))
+    _check_workspace(q, workspace)
+    splits, bkv, threads, policy, fused, seqlens, table, min_blocks = args
+    if torch.compiler.is_compiling():
+        out, lse = _attention_op(q, k, v, workspace, bool(causal), scale, splits, bkv, threads, policy,
+                                 bool(return_lse), fused, enable_pdl, seqlens, table, min_blocks)
+    else:
+        out, lse = _extension().forward(q, k, v, workspace, bool(causal), scale, splits, bkv, threads, policy,
+                                        bool(return_lse), fused, enable_pdl, seqlens, table, min_blocks)
     return (out, lse) if return_lse else out
 
 

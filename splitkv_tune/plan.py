@@ -13,8 +13,9 @@ knobs (``block_kv``, ``min_blocks_per_split``, ``max_splits``).
 Layouts: contiguous ``k``/``v`` ``(B, Sk_capacity, Hkv, D)``; paged pools
 ``(num_pages, page_size, Hkv, D)`` (NHD, as vLLM and FlashInfer store them).
 
-This is the plan the reference (``reference.splitkv_attention_ref``) applies; the CUDA kernel
-does not take paged or variable-length batches yet.
+This is the plan the reference (``reference.splitkv_attention_ref``) applies and the CUDA
+kernel computes on the device, per CTA, from the lengths it reads there (``params.h``); both
+call ``rules.h``'s functions.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import torch
 
 from splitkv_tune import _rules, tunables
 
-PAGE_SIZES = (16, 32, 64, 128, 256)
+PAGE_SIZES = (1, 16, 32, 64, 128, 256)  # 1: SGLang's token-granular pool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,20 +50,10 @@ def _check_int_tensor(name: str, t, rank: int, device) -> None:
         raise ValueError(f"{name} must be on {device} (q's device), got {t.device}")
 
 
-def check_live_batch(q: torch.Tensor, k: torch.Tensor, cache_seqlens, block_table) -> LiveBatch:
-    """Check ``cache_seqlens`` and ``block_table`` against q and the cache; ``ValueError`` or
-    ``TypeError`` naming the argument. Values are checked too (lengths within capacity, page
-    indices within the pool): this reads them to the host.
-
-    >>> q = torch.zeros(2, 1, 4, 64); k = torch.zeros(8, 16, 1, 64)
-    >>> table = torch.tensor([[3, 1], [0, 7]], dtype=torch.int32)
-    >>> check_live_batch(q, k, torch.tensor([17, 0], dtype=torch.int32), table)
-    LiveBatch(lengths=(17, 0), page_size=16, capacity=32)
-    >>> check_live_batch(q, k, torch.tensor([33, 0], dtype=torch.int32), table)
-    Traceback (most recent call last):
-    ...
-    ValueError: cache_seqlens[0] = 33 exceeds the cache's capacity of 32 keys per sequence
-    """
+def check_live_args(q: torch.Tensor, k: torch.Tensor, cache_seqlens, block_table) -> tuple[int | None, int]:
+    """The checks of ``cache_seqlens`` and ``block_table`` that need no data from the device
+    (dtype, device, rank, shape, layout, page size, table width); ``ValueError`` or ``TypeError``
+    naming the argument. Returns ``(page_size or None, capacity)``."""
     batch = q.shape[0]
     if block_table is not None:
         _check_int_tensor("block_table", block_table, 2, q.device)
@@ -77,23 +68,30 @@ def check_live_batch(q: torch.Tensor, k: torch.Tensor, cache_seqlens, block_tabl
         if block_table.shape[1] > num_pages:
             raise ValueError(f"block_table is wider ({block_table.shape[1]} pages per sequence) than the "
                              f"pool ({num_pages} pages)")
-        bad = (block_table < 0) | (block_table >= num_pages)
-        if bool(bad.any()):
-            b, p = (int(x) for x in bad.nonzero()[0])
-            raise ValueError(f"block_table[{b}, {p}] = {int(block_table[b, p])} is not a page of the pool "
-                             f"[0, {num_pages})")
+        if block_table.stride(1) != 1:
+            raise ValueError(f"block_table must be contiguous in its last dim, got stride {block_table.stride(1)}")
         capacity = int(block_table.shape[1]) * page_size
     else:
         if k.shape[0] != batch:
             raise ValueError(f"k batch ({k.shape[0]}) must equal q batch ({batch}) without a block_table")
         page_size, capacity = None, int(k.shape[1])
-    if cache_seqlens is None:
-        lengths = (capacity,) * batch
-    else:
+    if capacity >= 2**31:
+        raise ValueError(f"the cache's capacity per sequence must be below 2**31 keys, got {capacity}")
+    if cache_seqlens is not None:
         _check_int_tensor("cache_seqlens", cache_seqlens, 1, q.device)
         if cache_seqlens.shape[0] != batch:
             raise ValueError(f"cache_seqlens must have one length per sequence ({batch}), "
                              f"got {cache_seqlens.shape[0]}")
+    return page_size, capacity
+
+
+def check_live_values(k: torch.Tensor, cache_seqlens, block_table, capacity: int) -> tuple[int, ...]:
+    """The checks that read the lengths and the table to the host: every length in
+    ``[0, capacity]``, and every page a sequence's live keys use within the pool. Returns the
+    lengths (``capacity`` each without ``cache_seqlens``)."""
+    if cache_seqlens is None:
+        lengths = (capacity,) * (block_table.shape[0] if block_table is not None else k.shape[0])
+    else:
         lengths = tuple(int(x) for x in cache_seqlens.tolist())
         for b, n in enumerate(lengths):
             if n < 0:
@@ -101,7 +99,35 @@ def check_live_batch(q: torch.Tensor, k: torch.Tensor, cache_seqlens, block_tabl
             if n > capacity:
                 raise ValueError(f"cache_seqlens[{b}] = {n} exceeds the cache's capacity of {capacity} "
                                  "keys per sequence")
-    return LiveBatch(lengths, page_size, capacity)
+    if block_table is not None:
+        page_size, num_pages = int(k.shape[1]), int(k.shape[0])
+        used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] * page_size
+        live = used < torch.tensor(lengths, device=block_table.device)[:, None]
+        bad = live & ((block_table < 0) | (block_table >= num_pages))
+        if bool(bad.any()):
+            b, p = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(f"block_table[{b}, {p}] = {int(block_table[b, p])} is not a page of the pool "
+                             f"[0, {num_pages})")
+    return lengths
+
+
+def check_live_batch(q: torch.Tensor, k: torch.Tensor, cache_seqlens, block_table) -> LiveBatch:
+    """Check ``cache_seqlens`` and ``block_table`` against q and the cache; ``ValueError`` or
+    ``TypeError`` naming the argument. Values are checked too (lengths within capacity, the
+    pages of the live keys within the pool; pages past a sequence's length are never read and
+    may hold anything): this reads them to the host.
+
+    >>> q = torch.zeros(2, 1, 4, 64); k = torch.zeros(8, 16, 1, 64)
+    >>> table = torch.tensor([[3, 1], [0, 7]], dtype=torch.int32)
+    >>> check_live_batch(q, k, torch.tensor([17, 0], dtype=torch.int32), table)
+    LiveBatch(lengths=(17, 0), page_size=16, capacity=32)
+    >>> check_live_batch(q, k, torch.tensor([33, 0], dtype=torch.int32), table)
+    Traceback (most recent call last):
+    ...
+    ValueError: cache_seqlens[0] = 33 exceeds the cache's capacity of 32 keys per sequence
+    """
+    page_size, capacity = check_live_args(q, k, cache_seqlens, block_table)
+    return LiveBatch(check_live_values(k, cache_seqlens, block_table, capacity), page_size, capacity)
 
 
 def check_plan_knobs(block_kv: int, min_blocks_per_split: int, max_splits: int) -> None:

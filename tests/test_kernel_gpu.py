@@ -22,8 +22,11 @@ import random
 import pytest
 import torch
 
+from accuracy import (assert_lse, assert_rule, nan_workspace, poison_allocator, poison_for_output,
+                      references)
+
 from splitkv_tune import tunables
-from splitkv_tune.reference import (attention_ref, combine_partials_ref, splitkv_partials_ref,
+from splitkv_tune.reference import (combine_partials_ref, splitkv_partials_ref,
                                     unpack_rows)
 
 pytestmark = pytest.mark.gpu
@@ -131,52 +134,6 @@ def _shape(c):
                           c["q_len"], c["kv_len"], c["causal"])
 
 
-def _nan_workspace(nbytes):
-    return torch.full((max(nbytes, 1),), 0xFF, dtype=torch.uint8, device="cuda")  # all NaN
-
-
-def _poison_allocator(*nbytes):
-    """Hand the caching allocator NaN-filled blocks, so ``torch.empty`` outputs start as NaN."""
-    blocks = [torch.full((n,), 0xFF, dtype=torch.uint8, device="cuda") for n in nbytes if n]
-    del blocks
-
-
-def _poison_for_output(q, with_lse=True):
-    b, sq, hq, d = q.shape
-    _poison_allocator(b * sq * hq * d * q.element_size(), b * hq * sq * 4 if with_lse else 0)
-
-
-def _references(q, k, v, causal, softmax_scale=None):
-    ref_out, ref_lse = attention_ref(q.double(), k.double(), v.double(), causal=causal,
-                                     softmax_scale=softmax_scale)
-    pt_out, _ = attention_ref(q, k, v, causal=causal, softmax_scale=softmax_scale)
-    return ref_out, ref_lse, pt_out
-
-
-def _assert_rule(out, ref_out, pt_out, what="out"):
-    """DESIGN.md's rule: err <= 2 * err(PyTorch in the input dtype) + rounding + 1e-3."""
-    assert out.shape == ref_out.shape, f"{what}: shape {tuple(out.shape)}"
-    assert out.dtype == pt_out.dtype, f"{what}: dtype {out.dtype}, expected {pt_out.dtype}"
-    bad = ~torch.isfinite(out)
-    assert not bad.any(), f"{what}: {int(bad.sum())} NaN/inf elements, first at {bad.nonzero()[0].tolist()}"
-    err = (out.double() - ref_out).abs().max().item()
-    pt_err = (pt_out.double() - ref_out).abs().max().item()
-    rounding = (ref_out.to(out.dtype).double() - ref_out).abs().max().item()
-    bound = 2 * pt_err + rounding + 1e-3
-    assert err <= bound, f"{what}: max error {err:.3g} > bound {bound:.3g} (PyTorch {pt_err:.3g})"
-
-
-def _assert_lse(lse, ref_lse):
-    assert lse.dtype == torch.float32, f"lse dtype {lse.dtype}"
-    assert lse.shape == ref_lse.shape, f"lse shape {tuple(lse.shape)}"
-    assert not lse.isnan().any(), "lse has NaN"
-    ref_inf = torch.isinf(ref_lse)
-    assert torch.equal(torch.isneginf(lse), ref_inf), "lse -inf rows differ from the reference"
-    diff = (lse.double() - ref_lse)[~ref_inf].abs()
-    tol = 1e-3 + 1e-5 * ref_lse[~ref_inf].abs()
-    assert torch.all(diff <= tol), f"lse max error {diff.max().item():.3g}"
-
-
 def _call(ops, q, k, v, c, workspace=None, return_lse=None, merge=None, enable_pdl=True):
     return ops.splitkv_attention(
         q, k, v, causal=c["causal"], num_splits=c["num_splits"], block_kv=c["block_kv"],
@@ -189,16 +146,16 @@ def _call(ops, q, k, v, c, workspace=None, return_lse=None, merge=None, enable_p
 @pytest.mark.parametrize("c", _grid_cases())
 def test_grid(ops, cuda_gen, c):
     q, k, v = _inputs(c, cuda_gen)
-    ref_out, ref_lse, pt_out = _references(q, k, v, c["causal"])
+    ref_out, ref_lse, pt_out = references(q, k, v, c["causal"])
     s = c["num_splits"]
-    ws = _nan_workspace(ops.workspace_size(q, k, s)) if s > 1 else None
-    _poison_for_output(q, c["return_lse"])
+    ws = nan_workspace(ops.workspace_size(q, k, s)) if s > 1 else None
+    poison_for_output(q, c["return_lse"])
     res = _call(ops, q, k, v, c, workspace=ws)
     torch.cuda.synchronize()
     out, lse = res if c["return_lse"] else (res, None)
-    _assert_rule(out, ref_out, pt_out)
+    assert_rule(out, ref_out, pt_out)
     if lse is not None:
-        _assert_lse(lse, ref_lse)
+        assert_lse(lse, ref_lse)
     if ws is not None:  # every row of every split was written (the workspace started NaN)
         o_part, m, l = ops.workspace_views(ws, _shape(c), s)
         assert torch.isfinite(o_part).all(), "partial O left unwritten (NaN)"
@@ -220,7 +177,7 @@ def test_partials_match_reference(ops, cuda_gen, c):
     """m, l and O of every split against ``splitkv_partials_ref`` in float64."""
     q, k, v = _inputs(c, cuda_gen)
     s = c["num_splits"]
-    ws = _nan_workspace(ops.workspace_size(q, k, s))
+    ws = nan_workspace(ops.workspace_size(q, k, s))
     _call(ops, q, k, v, c, workspace=ws, return_lse=False, merge="kernel")
     torch.cuda.synchronize()
     o_part, m, l = (t.double() for t in ops.workspace_views(ws, _shape(c), s))
@@ -248,7 +205,7 @@ def test_empty_splits_write_contract_values(ops, cuda_gen, policy, causal, sq, s
     """Empty splits (S > KV blocks, causal tiles) write m = -inf, l = 0, O = 0."""
     c = _case("bf16", 64, causal, sq, sk, (16, 1), 128, 32, policy)
     q, k, v = _inputs(c, cuda_gen)
-    ws = _nan_workspace(ops.workspace_size(q, k, 128))
+    ws = nan_workspace(ops.workspace_size(q, k, 128))
     _call(ops, q, k, v, c, workspace=ws, return_lse=False, merge="kernel")
     torch.cuda.synchronize()
     o_part, m, l = ops.workspace_views(ws, _shape(c), 128)
@@ -268,18 +225,18 @@ def test_empty_splits_write_contract_values(ops, cuda_gen, policy, causal, sq, s
 def test_every_split_count_gives_the_same_answer(ops, cuda_gen, dtype, d, causal, sq, sk, heads):
     c = _case(dtype, d, causal, sq, sk, heads, 1, 64, "blocks")
     q, k, v = _inputs(c, cuda_gen)
-    ref_out, _, pt_out = _references(q, k, v, causal)
+    ref_out, _, pt_out = references(q, k, v, causal)
     base = ops.splitkv_attention(q, k, v, causal=causal, num_splits=1, block_kv=64)
-    _assert_rule(base, ref_out, pt_out, "S=1")
+    assert_rule(base, ref_out, pt_out, "S=1")
     pt_err = (pt_out.double() - ref_out).abs().max().item()
     for s, policy in itertools.product(range(1, tunables.MAX_SPLITS + 1), tunables.SPLIT_POLICIES):
-        ws = _nan_workspace(ops.workspace_size(q, k, s)) if s > 1 else None
+        ws = nan_workspace(ops.workspace_size(q, k, s)) if s > 1 else None
         merges = ("kernel", "fused") if s > 1 else ("auto",)
         for merge in merges:
             out = ops.splitkv_attention(q, k, v, causal=causal, num_splits=s, block_kv=64,
                                         split_policy=policy, workspace=ws, merge=merge)
             what = f"S={s} {policy} merge={merge}"
-            _assert_rule(out, ref_out, pt_out, what)
+            assert_rule(out, ref_out, pt_out, what)
             diff = (out.double() - base.double()).abs().max().item()
             assert diff <= 2 * pt_err + 1e-3, f"{what} differs from S=1 by {diff:.3g}"
 
@@ -296,12 +253,12 @@ def test_fused_merge_matches_combine_kernel(ops, cuda_gen, num_splits, dtype, d,
     same bits."""
     c = _case(dtype, d, causal, sq, sk, heads, num_splits, bkv, "blocks")
     q, k, v = _inputs(c, cuda_gen)
-    ref_out, ref_lse, pt_out = _references(q, k, v, causal)
-    _poison_for_output(q)
+    ref_out, ref_lse, pt_out = references(q, k, v, causal)
+    poison_for_output(q)
     out_f, lse_f = _call(ops, q, k, v, c, return_lse=True, merge="fused")
     out_k, lse_k = _call(ops, q, k, v, c, return_lse=True, merge="kernel")
-    _assert_rule(out_f, ref_out, pt_out, "fused merge")
-    _assert_lse(lse_f, ref_lse)
+    assert_rule(out_f, ref_out, pt_out, "fused merge")
+    assert_lse(lse_f, ref_lse)
     assert torch.equal(out_f, out_k) and torch.equal(lse_f, lse_k), "the two merges differ"
 
 
@@ -338,7 +295,7 @@ def _check_combine(ops, o, m, l, q_len, group, reduce_threads, out_dtype):
     ref_out, ref_lse = combine_partials_ref(o.double(), m.double(), l.double())
     ref_out, ref_lse = unpack_rows(ref_out, q_len, group), unpack_rows(ref_lse, q_len, group)
     b, hkv, d = o.shape[1], o.shape[2], o.shape[4]
-    _poison_allocator(b * q_len * hkv * group * d * torch.empty((), dtype=out_dtype).element_size(),
+    poison_allocator(b * q_len * hkv * group * d * torch.empty((), dtype=out_dtype).element_size(),
                       b * hkv * group * q_len * 4)
     out, lse = ops.combine_partials(o, m, l, q_len=q_len, group=group,
                                     reduce_threads=reduce_threads, out_dtype=out_dtype)
@@ -348,7 +305,7 @@ def _check_combine(ops, o, m, l, q_len, group, reduce_threads, out_dtype):
     u = UNIT_ROUNDOFF[out_dtype]
     err = (out.double() - ref_out).abs()
     assert torch.all(err <= 2 * u * ref_out.abs() + 1e-4), f"combine max error {err.max():.3g}"
-    _assert_lse(lse, ref_lse)
+    assert_lse(lse, ref_lse)
     empty_rows = torch.isinf(ref_lse)
     assert torch.all(out.transpose(1, 2)[empty_rows] == 0), "all-empty rows must be 0"
 
@@ -380,12 +337,12 @@ def _small_case(**kw):
 def test_return_lse_and_determinism(ops, cuda_gen, causal):
     c = _small_case(causal=causal)
     q, k, v = _inputs(c, cuda_gen)
-    ref_out, ref_lse, pt_out = _references(q, k, v, causal)
+    ref_out, ref_lse, pt_out = references(q, k, v, causal)
     out1 = _call(ops, q, k, v, c, return_lse=False)
     out2, lse = _call(ops, q, k, v, c, return_lse=True)
     out3, lse3 = _call(ops, q, k, v, c, return_lse=True)
-    _assert_rule(out2, ref_out, pt_out)
-    _assert_lse(lse, ref_lse)
+    assert_rule(out2, ref_out, pt_out)
+    assert_lse(lse, ref_lse)
     assert torch.equal(out1, out2), "return_lse changed the output"
     assert torch.equal(out2, out3) and torch.equal(lse, lse3), "two identical calls differ"
 
@@ -396,21 +353,21 @@ def test_return_lse_and_determinism(ops, cuda_gen, causal):
 def test_auto_config(ops, cuda_gen, sq, sk, heads, causal):
     c = _small_case(q_len=sq, kv_len=sk, heads=heads, causal=causal)
     q, k, v = _inputs(c, cuda_gen)
-    ref_out, ref_lse, pt_out = _references(q, k, v, causal)
-    _poison_for_output(q)
+    ref_out, ref_lse, pt_out = references(q, k, v, causal)
+    poison_for_output(q)
     out, lse = ops.splitkv_attention(q, k, v, causal=causal, return_lse=True)
-    _assert_rule(out, ref_out, pt_out)
-    _assert_lse(lse, ref_lse)
+    assert_rule(out, ref_out, pt_out)
+    assert_lse(lse, ref_lse)
 
 
 def test_softmax_scale(ops, cuda_gen):
     c = _small_case(causal=True)
     q, k, v = _inputs(c, cuda_gen)
-    ref_out, ref_lse, pt_out = _references(q, k, v, True, softmax_scale=0.3)
+    ref_out, ref_lse, pt_out = references(q, k, v, True, softmax_scale=0.3)
     out, lse = ops.splitkv_attention(q, k, v, causal=True, softmax_scale=0.3, num_splits=5,
                                      return_lse=True)
-    _assert_rule(out, ref_out, pt_out)
-    _assert_lse(lse, ref_lse)
+    assert_rule(out, ref_out, pt_out)
+    assert_lse(lse, ref_lse)
 
 
 def test_workspace_size(ops):
@@ -433,10 +390,10 @@ def test_strided_inputs(ops, cuda_gen, causal):
     kv = torch.randn(b, sk + 3, 2, hkv + 1, d, generator=cuda_gen, device="cuda").bfloat16()
     k, v = kv[:, 3:, 0, :hkv], kv[:, 3:, 1, 1:]                # interleaved K/V, padded heads
     assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
-    ref_out, ref_lse, pt_out = _references(q, k, v, causal)
+    ref_out, ref_lse, pt_out = references(q, k, v, causal)
     out, lse = _call(ops, q, k, v, c, return_lse=True)
-    _assert_rule(out, ref_out, pt_out)
-    _assert_lse(lse, ref_lse)
+    assert_rule(out, ref_out, pt_out)
+    assert_lse(lse, ref_lse)
     out_c, lse_c = _call(ops, q.contiguous(), k.contiguous(), v.contiguous(), c, return_lse=True)
     assert torch.equal(out, out_c) and torch.equal(lse, lse_c)
 
@@ -476,8 +433,8 @@ def test_cuda_graph_capture(ops, cuda_gen, merge):
     graph.replay()
     graph.replay()  # the fused merge's counters are zero again for the second replay
     torch.cuda.synchronize()
-    ref_out, _, pt_out = _references(q, k, v, False)
-    _assert_rule(out, ref_out, pt_out, "graph replay")
+    ref_out, _, pt_out = references(q, k, v, False)
+    assert_rule(out, ref_out, pt_out, "graph replay")
     eager = _call(ops, q, k, v, c, workspace=ws, return_lse=False)  # the eager counters
     graph.replay()  # the graph's own counters, still zero
     torch.cuda.synchronize()
@@ -515,8 +472,8 @@ def test_programmatic_launch_waits_for_the_previous_kernel(ops, cuda_gen, merge,
     graph.replay()
     torch.cuda.synchronize()
     for step in range(4):
-        ref_out, _, pt_out = _references(plain[step], k_next if step >= 2 else k, v, False)
-        _assert_rule(plain[step + 1], ref_out, pt_out, f"plain launch, call {step}")
+        ref_out, _, pt_out = references(plain[step], k_next if step >= 2 else k, v, False)
+        assert_rule(plain[step + 1], ref_out, pt_out, f"plain launch, call {step}")
     for step in range(1, 5):
         assert torch.equal(eager[step], plain[step]), f"eager PDL call {step - 1} differs"
         assert torch.equal(captured[step], plain[step]), f"graph PDL call {step - 1} differs"
@@ -528,6 +485,6 @@ def test_torch_compile(ops, cuda_gen):
     fn = torch.compile(lambda q, k, v: ops.splitkv_attention(q, k, v, num_splits=4,
                                                              return_lse=True), fullgraph=True)
     out, lse = fn(q, k, v)
-    ref_out, ref_lse, pt_out = _references(q, k, v, False)
-    _assert_rule(out, ref_out, pt_out, "torch.compile")
-    _assert_lse(lse, ref_lse)
+    ref_out, ref_lse, pt_out = references(q, k, v, False)
+    assert_rule(out, ref_out, pt_out, "torch.compile")
+    assert_lse(lse, ref_lse)

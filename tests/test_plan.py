@@ -132,7 +132,7 @@ def _bad_calls():
     yield "table wider than pool", dict(cache_seqlens=lens,
                                         block_table=torch.zeros(2, 9, dtype=torch.int32)), "block_table"
     yield "page out of pool", dict(cache_seqlens=lens,
-                                   block_table=torch.tensor([[0, 8], [1, 2]], dtype=torch.int32)), "block_table"
+                                   block_table=torch.tensor([[8, 0], [1, 2]], dtype=torch.int32)), "block_table"
     yield "max_splits", dict(cache_seqlens=lens, block_table=table, max_splits=0), "max_splits"
     yield "max_splits high", dict(cache_seqlens=lens, block_table=table, max_splits=129), "max_splits"
     yield "min_blocks", dict(cache_seqlens=lens, block_table=table, min_blocks_per_split=0), \
@@ -147,3 +147,19 @@ def test_bad_live_batch_arguments_name_themselves(kwargs, pattern):
     k = kwargs.pop("k", torch.zeros(8, 16, 1, 64))
     with pytest.raises((ValueError, TypeError), match=pattern):
         splitkv_attention_ref(torch.zeros(2, 1, 4, 64), k, k.clone(), **kwargs)
+
+
+def test_pages_past_the_live_length_are_neither_checked_nor_read(gen):
+    """A table padded with -1 (or any value) past each sequence's live pages, as servers pad
+    them, is valid: only the pages of the live keys must lie in the pool."""
+    q = torch.randn(2, 1, 4, 64, generator=gen)
+    k = torch.randn(8, 16, 1, 64, generator=gen)
+    v = torch.randn(8, 16, 1, 64, generator=gen)
+    table = torch.tensor([[3, -1, 1000], [5, 2, -7]], dtype=torch.int32)
+    lens = torch.tensor([16, 20], dtype=torch.int32)
+    out = splitkv_attention_ref(q, k, v, cache_seqlens=lens, block_table=table, max_splits=4)
+    for b, pages in enumerate(([3], [5, 2])):
+        kb = k[pages].reshape(1, -1, 1, 64)[:, :int(lens[b])]
+        vb = v[pages].reshape(1, -1, 1, 64)[:, :int(lens[b])]
+        want, _ = attention_ref(q[b:b + 1].double(), kb.double(), vb.double())
+        torch.testing.assert_close(out[b:b + 1].double(), want, rtol=1e-5, atol=1e-5)

@@ -40,7 +40,7 @@ for mode in "$@"; do
     test)
       date -u | tee "$out/gpu_tests.log"
       SPLITKV_REQUIRE_GPU=1 timeout 300 python3 -m pytest -q -p no:cacheprovider --no-header -rf \
-        tests/test_kernel_gpu.py tests/test_ops_validation_gpu.py tests/test_bench_gpu.py tests/test_default_call_gpu.py \
+        tests/test_kernel_gpu.py tests/test_paged_gpu.py tests/test_ops_validation_gpu.py tests/test_bench_gpu.py tests/test_default_call_gpu.py \
         tests/test_build.py::test_extension_matches_tunables 2>&1 | tail -15 | tee -a "$out/gpu_tests.log"
       ;;
     merge-ab)

@@ -4,6 +4,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "splitkv/block_range.h"
 #include "splitkv/dependent_launch.h"
 #include "splitkv/kernel_traits.h"
 #include "splitkv/merge_state.h"
@@ -22,13 +23,23 @@ __global__ void __launch_bounds__(Traits::kThreads) combine_kernel(const __grid_
   allow_dependent_launch();
   const int lane = threadIdx.x % kLanes;
   const int64_t row = int64_t(blockIdx.x) * kRows + threadIdx.x / kLanes;  // over (B, Hkv, packed rows)
-  // Every lane folds (fold_partials shuffles across the warp); lanes past the last row fold
-  // the last row again and store nothing.
-  const auto state = fold_partials<Traits::kHeadDim>(p.ws_o, p.ws_m, p.ws_l, p.num_splits, p.total_rows,
-                                                     min(row, p.total_rows - 1), lane);
-  if (row >= p.total_rows) return;
+  const int64_t folded = min(row, p.total_rows - 1);
+  const int64_t bh = folded / p.packed_rows;
+  // The row's partials. With live lengths a sequence has its own count, and one with a single
+  // split has its output from the split kernel already: none to fold.
+  int row_splits = p.num_splits;
+  if (p.seqlens != nullptr) {
+    const int b = int(bh / p.kv_heads);
+    row_splits = sequence_splits(p.seqlens, p.num_splits, p.block_kv, p.min_blocks_per_split, __ldg(p.seqlens + b));
+    if (row_splits == 1) row_splits = 0;
+  }
+  // Every lane folds (fold_partials shuffles across the warp) as many rounds as the warp's
+  // longest row needs; lanes past the last row fold the last row again and store nothing.
+  const int warp_splits = __reduce_max_sync(0xffffffff, row_splits);
+  const auto state = fold_partials<Traits::kHeadDim>(p.ws_o, p.ws_m, p.ws_l, warp_splits, row_splits, p.total_rows,
+                                                     folded, lane);
+  if (row >= p.total_rows || row_splits == 0) return;
 
-  const int64_t bh = row / p.packed_rows;
   const int r = int(row % p.packed_rows);
   const int h_q = int(bh % p.kv_heads) * p.group + r % p.group;
   store_merged<Element>(state, p.out, p.lse, p.o_batch_stride, p.o_row_stride, p.o_head_stride,

@@ -10,7 +10,11 @@
 #include <cute/tensor.hpp>
 
 #include "splitkv/kernel_traits.h"
-#include "splitkv/split_rows.h"
+#include "splitkv/block_range.h"
+#include "splitkv/epilogue.h"
+#include "splitkv/mask.h"
+#include "splitkv/softmax.h"
+#include "splitkv/tiles.h"
 #include "splitkv/utils.h"
 
 namespace splitkv {
@@ -49,10 +53,12 @@ CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCt
   Tensor tKVcKV = gmem_thr_copy.partition_S(
       make_identity_tensor(Shape<Int<kKeysPerWarp>, Int<kHeadDim>>{}));        // (CPY, CPY_N, CPY_D) -> (n, d)
   const int warp_key0 = cta.range.x + warp * kKeysPerWarp;
+  auto mKV = kv_heads_of<kHeadDim, Element>(p, cta.b, cta.h_kv);
+  Tensor mK = get<0>(mKV);                                                       // (kv_len, kHeadDim)
+  Tensor mV = get<1>(mKV);                                                       // (kv_len, kHeadDim)
   auto load_kv = [&](int tile, int stage) {
-    const int n0 = warp_key0 + tile * kBlockKV;
-    auto [gK, gV] = kv_tiles<kKeysPerWarp, kHeadDim, Element>(p, cta.b, cta.h_kv, n0);  // (kKeysPerWarp, kHeadDim)
-    copy_kv_rows(gmem_copy, gmem_thr_copy, tKVcKV, gK, gV, sKw(_, _, stage), sVw(_, _, stage), cta.range.y - n0);
+    load_kv_tile<kKeysPerWarp, kHeadDim, Element>(p, cta, gmem_copy, gmem_thr_copy, tKVcKV, mK, mV, sKw(_, _, stage),
+                                                  sVw(_, _, stage), warp_key0 + tile * kBlockKV);
   };
 
   typename Traits::WarpMma warp_mma;
@@ -80,7 +86,8 @@ CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCt
   float row_max[kRows];  // running max of this warp's scores, base-2 units
   float row_sum[kRows];  // this lane's share of the warp's running sum
   int key_limit[kRows];  // keys visible to the row: < key_limit
-  init_rows(p, cta, tScS_rc, row_max, row_sum, key_limit);
+  init_softmax(row_max, row_sum);
+  key_limits(p, cta, tScS_rc, key_limit);
 
   start_pipeline<kStages, Traits::kNThreads, Element>(p, cta, load_kv, sQ);
   __syncthreads();  // Q is in shared memory; with kQInRegisters each warp keeps it in registers for the whole loop
@@ -162,8 +169,7 @@ CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCt
   Tensor tOcO = thr_mma.partition_C(cO);                                  // (MMA, MMA_M, MMA_D / kNWarps)
   Tensor out_rc = make_tensor(acc_out.data(), acc_rowcol(acc_out.layout()));
   Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
-  store_rows<kHeadDim, Element>(p, out_rc, tOcO_rc, row_max, row_sum, cta.row0, cta.b, cta.h_kv, cta.split,
-                                warp == 0 && lane % 4 == 0);
+  store_rows<kHeadDim, Element>(p, cta, out_rc, tOcO_rc, row_max, row_sum, warp == 0 && lane % 4 == 0);
 }
 
 }  // namespace splitkv

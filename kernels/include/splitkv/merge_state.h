@@ -97,8 +97,9 @@ struct MergeState {
   }
 };
 
-// Folds workspace row `row` over its `num_splits` partials (rows of one split are
-// `split_stride` apart). The kLanesPerRow lanes of a row (aligned inside a warp) each fold
+// Folds workspace row `row` over its first `row_splits` partials (rows of one split are
+// `split_stride` apart); `num_splits`, at least every row_splits of the warp, is the same for
+// the whole warp and bounds its rounds. Partials at or past row_splits are never read. The kLanesPerRow lanes of a row (aligned inside a warp) each fold
 // their kVecsPerLane vectors (columns as above); every lane of the warp must call this
 // together (the shuffles use the full mask), a lane without a row of its own with any valid row.
 // Per round of 16 splits: each lane issues its 16 x kVecsPerLane O loads, lane u loads split
@@ -109,8 +110,8 @@ struct MergeState {
 // SMs wrote during this launch. An empty split (l_s == 0) adds nothing, whatever its m_s and O_s hold.
 template <int kHeadDim>
 __device__ __forceinline__ MergeState<kHeadDim> fold_partials(const float* ws_o, const float* ws_m, const float* ws_l,
-                                                              int num_splits, int64_t split_stride, int64_t row,
-                                                              int lane) {
+                                                              int num_splits, int row_splits, int64_t split_stride,
+                                                              int64_t row, int lane) {
   using State = MergeState<kHeadDim>;
   using Vec = typename State::Vec;
   constexpr int kLanes = kLanesPerRow<kHeadDim>;
@@ -124,18 +125,19 @@ __device__ __forceinline__ MergeState<kHeadDim> fold_partials(const float* ws_o,
   const float* m_part = ws_m + lane * split_stride + row;  // split s0 + lane's
   const float* l_part = ws_l + lane * split_stride + row;
   for (int s0 = 0; s0 < num_splits; s0 += kSplitsPerLoadRound) {
-    const int n = min(num_splits - s0, kSplitsPerLoadRound);
+    const int n = min(num_splits - s0, kSplitsPerLoadRound);  // the warp's splits this round
+    const int n_row = min(row_splits - s0, n);                 // the row's own
     Vec o_s[kSplitsPerLoadRound][kVecs];
 #pragma unroll
     for (int u = 0; u < kSplitsPerLoadRound; ++u) {
-      if (u < n) {
+      if (u < n_row) {
 #pragma unroll
         for (int v = 0; v < kVecs; ++v) o_s[u][v] = __ldcg(reinterpret_cast<const Vec*>(o_part + v * kVecStride));
       }
       o_part += o_split_stride;
     }
     float m_u = -INFINITY, l_u = 0.f;  // split s0 + lane's statistics
-    if (lane < n) {
+    if (lane < n_row) {
       l_u = __ldcg(l_part);
       m_u = __ldcg(m_part);
       if (!(l_u > 0.f)) {  // empty: skipped whatever m_s holds

@@ -16,6 +16,15 @@
 //   that sees num_splits - 1 merges that tile's partials from the workspace and writes O and
 //   lse. The increment wraps to 0 there, so counters zeroed once when allocated are zero again
 //   after every launch.
+// Paged / variable-length batches (seqlens != null): sequence b has seqlens[b] live keys and
+//   its own split count S_b = rules::live_splits(seqlens[b], block_kv, min_blocks_per_split,
+//   num_splits) (num_splits is then the bound that sizes the grid and the workspace), with
+//   kBlocks ranges over its live keys and causal masks aligned to its own end. Everything
+//   above holds per sequence with S_b for num_splits: a sequence with S_b == 1 gets its final O
+//   from the split kernel, and the merges fold S_b partials. CTAs of splits >= S_b exit.
+//   With block_table, key n of sequence b is row n % page_size of page
+//   block_table[b * block_table_stride + n / page_size] of the pools k and v
+//   (num_pages, page_size, Hkv, D), whose page stride is k_batch_stride / v_batch_stride.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +56,13 @@ struct SplitParams {
   float scale_log2;                     // softmax_scale * log2(e)
   bool causal;                          // bottom-right aligned: query i sees keys j <= i + kv_len - q_len
   SplitPolicy split_policy;
+
+  const int* __restrict__ seqlens;      // [B] live lengths; null: every sequence has kv_len keys
+  const int* __restrict__ block_table;  // [B, block_table_stride] page indices; null: contiguous k/v
+  int64_t block_table_stride;
+  int page_shift;                       // log2(page_size)
+  int block_kv;                         // with seqlens: the plan's block size (the kernel's kBlockKV)
+  int min_blocks_per_split;             // with seqlens: the plan's knob (rules::live_splits)
 };
 
 struct CombineParams {
@@ -58,6 +74,10 @@ struct CombineParams {
   int64_t o_batch_stride, o_row_stride, o_head_stride;
   int batch, kv_heads, group, q_len, packed_rows, num_splits;
   int64_t total_rows;  // batch * kv_heads * packed_rows
+  // Paged / variable-length batches, as in SplitParams: sequence b has S_b partials, and rows of
+  // sequences with S_b == 1 were written by the split kernel.
+  const int* __restrict__ seqlens;
+  int block_kv, min_blocks_per_split;
 };
 
 }  // namespace splitkv

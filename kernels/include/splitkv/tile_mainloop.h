@@ -6,7 +6,11 @@
 #include <cute/tensor.hpp>
 
 #include "splitkv/kernel_traits.h"
-#include "splitkv/split_rows.h"
+#include "splitkv/block_range.h"
+#include "splitkv/epilogue.h"
+#include "splitkv/mask.h"
+#include "splitkv/softmax.h"
+#include "splitkv/tiles.h"
 #include "splitkv/utils.h"
 
 namespace splitkv {
@@ -39,10 +43,12 @@ CUTE_DEVICE void tile_mainloop(const SplitParams& p, char* smem, const SplitCta&
   auto gmem_thr_copy = gmem_copy.get_thread_slice(tid);
   Tensor tKVcKV = gmem_thr_copy.partition_S(
       make_identity_tensor(Shape<Int<kBlockKV>, Int<kHeadDim>>{}));            // (CPY, CPY_N, CPY_D) -> (n, d)
+  auto mKV = kv_heads_of<kHeadDim, Element>(p, cta.b, cta.h_kv);
+  Tensor mK = get<0>(mKV);                                                       // (kv_len, kHeadDim)
+  Tensor mV = get<1>(mKV);                                                       // (kv_len, kHeadDim)
   auto load_kv = [&](int tile, int stage) {
-    const int n0 = cta.range.x + tile * kBlockKV;
-    auto [gK, gV] = kv_tiles<kBlockKV, kHeadDim, Element>(p, cta.b, cta.h_kv, n0);  // (kBlockKV, kHeadDim)
-    copy_kv_rows(gmem_copy, gmem_thr_copy, tKVcKV, gK, gV, sK(_, _, stage), sV(_, _, stage), cta.range.y - n0);
+    load_kv_tile<kBlockKV, kHeadDim, Element>(p, cta, gmem_copy, gmem_thr_copy, tKVcKV, mK, mV, sK(_, _, stage),
+                                              sV(_, _, stage), cta.range.x + tile * kBlockKV);
   };
 
   typename Traits::TiledMma tiled_mma;
@@ -77,7 +83,8 @@ CUTE_DEVICE void tile_mainloop(const SplitParams& p, char* smem, const SplitCta&
   float row_max[kRows];  // running max of the scores, base-2 units
   float row_sum[kRows];  // this thread's share of the running sum
   int key_limit[kRows];  // keys visible to the row: < key_limit
-  init_rows(p, cta, tScS_rc, row_max, row_sum, key_limit);
+  init_softmax(row_max, row_sum);
+  key_limits(p, cta, tScS_rc, key_limit);
 
   start_pipeline<kStages, Traits::kNThreads, Element>(p, cta, load_kv, sQ);
 
@@ -118,8 +125,7 @@ CUTE_DEVICE void tile_mainloop(const SplitParams& p, char* smem, const SplitCta&
   exchange_rows<false, kWarpsN, kBlockM>(row_sum, exchange + Traits::kExchangeFloats / 2, tScS_rc, warp_n);
   Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));  // (ROWS, D_COLS)
-  store_rows<kHeadDim, Element>(p, o_rc, tOcO_rc, row_max, row_sum, cta.row0, cta.b, cta.h_kv, cta.split,
-                                warp_n == 0 && tid % 4 == 0);
+  store_rows<kHeadDim, Element>(p, cta, o_rc, tOcO_rc, row_max, row_sum, warp_n == 0 && tid % 4 == 0);
 }
 
 }  // namespace splitkv

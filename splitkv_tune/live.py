@@ -1,0 +1,161 @@
+"""The paged / variable-length call of ``splitkv_attention``: its checks, the plan's knobs and
+the launch.
+
+Each sequence ``b`` of the batch is split by its own live length, on the device, in every CTA
+(``rules.h``'s ``live_splits``, see :mod:`splitkv_tune.plan`): nothing is planned on the host
+and nothing is read back, so one captured CUDA graph replays any mix of lengths up to the
+cache's capacity. The knobs are fixed per call signature (and so at capture):
+
+* ``block_kv`` (keys per pipeline tile): ``"auto"`` is :data:`DEFAULT_BLOCK_KV`.
+* ``min_blocks_per_split``: a sequence gets one split per this many blocks of ``block_kv``
+  keys; ``"auto"`` is :data:`DEFAULT_MIN_KEYS_PER_SPLIT` keys' worth.
+* ``max_splits``: the bound on any sequence's splits, which sizes the grid and the workspace;
+  ``"auto"`` is :func:`default_max_splits` (enough splits for one sequence to fill the GPU
+  twice over).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from splitkv_tune import _rules, plan, tunables
+from splitkv_tune.tunables import Config, Shape
+
+DEFAULT_BLOCK_KV = 64
+DEFAULT_MIN_KEYS_PER_SPLIT = 256
+WAVES_PER_SEQUENCE = 2
+
+
+def default_max_splits(kv_heads: int, packed_rows: int, num_sms: int) -> int:
+    """The ``"auto"`` bound on splits: ``WAVES_PER_SEQUENCE`` waves of ``num_sms`` CTAs for one
+    sequence on its own, at most ``tunables.MAX_SPLITS``.
+
+    >>> default_max_splits(8, 4, 132), default_max_splits(1, 8, 132), default_max_splits(32, 64, 132)
+    (33, 128, 9)
+    """
+    tiles = kv_heads * _rules.num_m_blocks(packed_rows)
+    return max(1, min(tunables.MAX_SPLITS, -(-WAVES_PER_SEQUENCE * num_sms // tiles)))
+
+
+def _positive_int(name: str, value, upper: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (upper is not None and value > upper):
+        bound = f"an integer in [1, {upper}]" if upper is not None else "a positive integer"
+        raise ValueError(f"{name} must be {bound} or 'auto', got {value!r}")
+    return value
+
+
+@functools.lru_cache(maxsize=1024)
+def resolve_knobs(head_dim: int, kv_heads: int, packed_rows: int, num_sms: int, block_kv="auto",
+                  min_blocks_per_split="auto", max_splits="auto") -> tuple[int, int, int]:
+    """``(block_kv, min_blocks_per_split, max_splits)`` with every ``"auto"`` filled and each
+    checked; ``ValueError`` naming the knob.
+
+    >>> resolve_knobs(128, 8, 4, 132)
+    (64, 4, 33)
+    >>> resolve_knobs(256, 8, 4, 132, block_kv=128)
+    Traceback (most recent call last):
+    ...
+    ValueError: block_kv must be one of (32, 64) at head_dim 256, got 128
+    """
+    if block_kv == "auto":
+        block_kv = DEFAULT_BLOCK_KV
+    allowed = tunables.BLOCK_KV_BY_HEAD_DIM[head_dim]
+    if isinstance(block_kv, bool) or block_kv not in allowed:
+        raise ValueError(f"block_kv must be one of {allowed} at head_dim {head_dim}, got {block_kv!r}")
+    if min_blocks_per_split == "auto":
+        min_blocks_per_split = max(1, DEFAULT_MIN_KEYS_PER_SPLIT // block_kv)
+    _positive_int("min_blocks_per_split", min_blocks_per_split)
+    if max_splits == "auto":
+        max_splits = default_max_splits(kv_heads, packed_rows, num_sms)
+    _positive_int("max_splits", max_splits, tunables.MAX_SPLITS)
+    return block_kv, min_blocks_per_split, max_splits
+
+
+def check_qkv(q, k, v) -> tuple[int, int]:
+    """q ``(B, Sq, Hq, D)`` against page pools or a contiguous cache k, v; returns
+    ``(kv_heads, group)``."""
+    from splitkv_tune.ops import check_tensor
+
+    for name, t in (("q", q), ("k_cache", k), ("v_cache", v)):
+        check_tensor(name, t, 4)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k_cache and v_cache must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k_cache and v_cache must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    for name, t in (("q", q), ("k_cache", k), ("v_cache", v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dim (stride 1), got stride {t.stride(-1)}")
+    head_dim = int(q.shape[3])
+    if k.shape[3] != head_dim:
+        raise ValueError(f"k_cache head_dim ({k.shape[3]}) must equal q head_dim ({head_dim})")
+    if head_dim not in tunables.HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {tunables.HEAD_DIMS}, got {head_dim}")
+    q_heads, kv_heads = int(q.shape[2]), int(k.shape[2])
+    if min(q.shape[0], q.shape[1], q_heads, kv_heads) < 1:
+        raise ValueError(f"q and k_cache must have no empty dim, got {tuple(q.shape)} and {tuple(k.shape)}")
+    if q_heads % kv_heads:
+        raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
+    if q.shape[0] * kv_heads > 65535:
+        raise ValueError(f"batch * kv_heads must be at most 65535, got {q.shape[0] * kv_heads}")
+    return kv_heads, q_heads // kv_heads
+
+
+def workspace_size(q: torch.Tensor, max_splits: int) -> int:
+    """Bytes of workspace one paged / variable-length call with this ``max_splits`` bound needs
+    (0 for 1): the partials of every sequence's splits, sized from the bound."""
+    _positive_int("max_splits", max_splits, tunables.MAX_SPLITS)
+    batch, q_len, q_heads, head_dim = (int(x) for x in q.shape)
+    return _rules.workspace_sections(max_splits, batch, q_heads, q_len, head_dim)[2]
+
+
+@torch.compiler.assume_constant_result
+def _launch_knobs(device_index: int, dtype: str, head_dim: int, kv_heads: int, q_len: int, group: int,
+                  capacity: int, block_kv, min_blocks_per_split, max_splits, uniform: bool,
+                  merge: str) -> tuple[int, int, int, bool]:
+    # The call's signature alone decides these (evaluated once at trace time under torch.compile):
+    # (block_kv, min_blocks_per_split, launch splits, fused merge).
+    from splitkv_tune.ops import _device_info
+
+    bkv, min_blocks, bound = resolve_knobs(head_dim, kv_heads, q_len * group, _device_info(device_index)[1],
+                                           block_kv, min_blocks_per_split, max_splits)
+    splits = _rules.live_splits(capacity, bkv, min_blocks, bound) if uniform else bound
+    shape = Shape(dtype, head_dim, 1, kv_heads * group, kv_heads, q_len, capacity)
+    fused = splits > 1 and (merge == "fused" or (merge == "auto" and tunables.fused_merge_fits(shape)))
+    return bkv, min_blocks, splits, fused
+
+
+def launch_args(q, k, v, *, cache_seqlens, block_table, causal, block_kv, min_blocks_per_split, max_splits,
+                num_splits, split_policy, reduce_threads, merge, check_inputs) -> tuple:
+    """Checks one paged / variable-length call (see ``splitkv_attention``) and returns the launch
+    arguments after ``softmax_scale``: ``(splits, block_kv, reduce_threads, policy code, fused,
+    cache_seqlens, block_table, min_blocks_per_split)``. Without ``cache_seqlens`` every sequence
+    holds the cache's whole capacity: one split count for the batch, from the plan."""
+    kv_heads, group = check_qkv(q, k, v)
+    if not (isinstance(num_splits, str) and num_splits == "auto"):
+        raise ValueError("num_splits applies to equal-length batches; a paged or variable-length batch is "
+                         "split per sequence: pass max_splits (and min_blocks_per_split) instead")
+    if split_policy not in ("auto", "blocks"):
+        raise ValueError(f"split_policy must be 'blocks' or 'auto' for a paged or variable-length batch "
+                         f"(its splits are whole blocks), got {split_policy!r}")
+    if not isinstance(check_inputs, bool):
+        raise TypeError(f"check_inputs must be True or False, got {check_inputs!r}")
+    _, capacity = plan.check_live_args(q, k, cache_seqlens, block_table)
+    q_len, head_dim = int(q.shape[1]), int(q.shape[3])
+    for name, value in (("block_kv", block_kv), ("min_blocks_per_split", min_blocks_per_split),
+                        ("max_splits", max_splits)):
+        if not isinstance(value, (int, str)):
+            raise ValueError(f"{name} must be an integer or 'auto', got {value!r}")
+    tunables.check_merge(merge)
+    bkv, min_blocks, splits, fused = _launch_knobs(q.device.index, "bf16" if q.dtype == torch.bfloat16 else "fp16",
+                                                   head_dim, kv_heads, q_len, group, capacity, block_kv,
+                                                   min_blocks_per_split, max_splits, cache_seqlens is None, merge)
+    threads = 128 if reduce_threads == "auto" else reduce_threads
+    Config(reduce_threads=threads).validate()
+    if check_inputs and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():
+        plan.check_live_values(k, cache_seqlens, block_table, capacity)
+    policy = tunables.policy_codes()["blocks"]
+    return (splits, bkv, threads, policy, fused, cache_seqlens, block_table,
+            1 if cache_seqlens is None else min_blocks)

@@ -1,0 +1,235 @@
+"""GPU tests of paged and variable-length batches (``cache_seqlens`` / ``block_table``).
+
+Every output is checked against float64 attention over each sequence's live keys with the
+accuracy rule of ``accuracy.py``. Pages past a sequence's live keys, the rest of its last page
+and every unused page of the pool are NaN, as are the outputs and the workspace before each
+call, so a key read past a length or an element left unwritten shows up. Tables are shuffled.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from accuracy import assert_lse, assert_rule, nan_workspace, poison_for_output, references
+
+from splitkv_tune import live, plan, tunables
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _batch(gen, lengths, *, page_size, q_heads=32, kv_heads=8, head_dim=128, q_len=1, dtype="bf16",
+           width_mult=1, extra_pages=3):
+    """q, the caches (page pools with a shuffled table, or a contiguous cache) and each
+    sequence's live K and V."""
+    dt = DTYPES[dtype]
+    batch = len(lengths)
+    q = torch.randn(batch, q_len, q_heads, head_dim, generator=gen, device="cuda").to(dt)
+    keys = [(torch.randn(1, n, kv_heads, head_dim, generator=gen, device="cuda").to(dt),
+             torch.randn(1, n, kv_heads, head_dim, generator=gen, device="cuda").to(dt)) for n in lengths]
+    cap_keys = max(max(lengths), 1)
+    if page_size is None:
+        cache = [torch.full((batch, cap_keys * width_mult, kv_heads, head_dim), float("nan"), dtype=dt,
+                            device="cuda") for _ in range(2)]
+        for b, (kb, vb) in enumerate(keys):
+            cache[0][b, :lengths[b]] = kb[0]
+            cache[1][b, :lengths[b]] = vb[0]
+        return q, cache[0], cache[1], None, keys
+    width = -(-cap_keys // page_size) * width_mult
+    num_pages = batch * width + extra_pages
+    order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(len(lengths) * 7919 + page_size))
+    table = order[:batch * width].view(batch, width).to(torch.int32).cuda()
+    pools = [torch.full((num_pages, page_size, kv_heads, head_dim), float("nan"), dtype=dt, device="cuda")
+             for _ in range(2)]
+    for b, (kb, vb) in enumerate(keys):
+        n = lengths[b]
+        for i, page in enumerate(table[b, :-(-n // page_size)].tolist()):
+            rows = slice(i * page_size, min(n, (i + 1) * page_size))
+            pools[0][page, :rows.stop - rows.start] = kb[0, rows]
+            pools[1][page, :rows.stop - rows.start] = vb[0, rows]
+    return q, pools[0], pools[1], table, keys
+
+
+def _check(q, out, lse, keys, lengths, causal):
+    """Each sequence against float64 attention over its live keys; length 0: O = 0, lse = -inf."""
+    for b, ((kb, vb), n) in enumerate(zip(keys, lengths)):
+        if n == 0:
+            assert torch.equal(out[b], torch.zeros_like(out[b])), f"sequence {b} (length 0): O is not 0"
+            if lse is not None:
+                assert torch.isneginf(lse[b]).all(), f"sequence {b} (length 0): lse is not -inf"
+            continue
+        ref_out, ref_lse, pt_out = references(q[b:b + 1], kb, vb, causal)
+        assert_rule(out[b:b + 1], ref_out, pt_out, f"sequence {b} (length {n})")
+        if lse is not None:
+            assert_lse(lse[b:b + 1], ref_lse)
+
+
+def _run(ops, q, k, v, table, lengths, **kw):
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    poison_for_output(q)
+    return ops.splitkv_attention(q, k, v, cache_seqlens=seqlens, block_table=table, return_lse=True, **kw)
+
+
+def _lengths_around(page_size, block_kv=64):
+    edges = {0, 1, page_size - 1, page_size, page_size + 1, block_kv - 1, block_kv + 1, 3 * page_size + 5, 4097}
+    return sorted(n for n in edges if n >= 0)
+
+
+@pytest.mark.parametrize("page_size", (None,) + plan.PAGE_SIZES, ids=lambda p: f"page{p}" if p else "contiguous")
+@pytest.mark.parametrize("dtype,causal,q_len", [("bf16", False, 1), ("fp16", True, 4), ("bf16", True, 13)])
+@pytest.mark.parametrize("max_splits", [1, 3, "auto"])
+def test_paged_and_contiguous_caches_with_live_lengths(ops, cuda_gen, page_size, dtype, causal, q_len, max_splits):
+    lengths = _lengths_around(page_size or 64)
+    q, k, v, table, keys = _batch(cuda_gen, lengths, page_size=page_size, q_len=q_len, dtype=dtype)
+    out, lse = _run(ops, q, k, v, table, lengths, causal=causal, max_splits=max_splits, min_blocks_per_split=1)
+    _check(q, out, lse, keys, lengths, causal)
+
+
+@pytest.mark.parametrize("head_dim", tunables.HEAD_DIMS)
+@pytest.mark.parametrize("heads", [(8, 8), (32, 8), (32, 4), (16, 1)], ids=["mha", "gqa4", "gqa8", "mqa"])
+@pytest.mark.parametrize("merge", ["fused", "kernel"])
+def test_head_dims_gqa_ratios_and_merges(ops, cuda_gen, head_dim, heads, merge):
+    lengths = [700, 0, 2049, 64, 1, 3000]
+    for block_kv in tunables.BLOCK_KV_BY_HEAD_DIM[head_dim]:
+        q, k, v, table, keys = _batch(cuda_gen, lengths, page_size=32, q_heads=heads[0], kv_heads=heads[1],
+                                      head_dim=head_dim, dtype="fp16" if head_dim == 96 else "bf16")
+        out, lse = _run(ops, q, k, v, table, lengths, block_kv=block_kv, min_blocks_per_split=2, max_splits=16,
+                        merge=merge, reduce_threads=64)
+        _check(q, out, lse, keys, lengths, False)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 7, 64, 96])
+def test_batch_sizes_with_random_lengths(ops, cuda_gen, batch):
+    rng = random.Random(batch)
+    lengths = [rng.choice([0, 1, rng.randrange(1, 300), rng.randrange(1, 9000)]) for _ in range(batch)]
+    q, k, v, table, keys = _batch(cuda_gen, lengths, page_size=16, kv_heads=4, q_heads=16)
+    out, lse = _run(ops, q, k, v, table, lengths)
+    _check(q, out, lse, keys, lengths, False)
+
+
+def test_long_sequences_up_to_128k(ops, cuda_gen):
+    lengths = [131072, 65536, 1, 0, 4095]
+    q, k, v, table, keys = _batch(cuda_gen, lengths, page_size=256, q_heads=16, kv_heads=2)
+    for max_splits in (2, "auto", tunables.MAX_SPLITS):
+        out, lse = _run(ops, q, k, v, table, lengths, max_splits=max_splits)
+        _check(q, out, lse, keys, lengths, False)
+
+
+def test_every_length_zero(ops, cuda_gen):
+    lengths = [0, 0, 0]
+    q, k, v, table, keys = _batch(cuda_gen, lengths, page_size=64)
+    out, lse = _run(ops, q, k, v, table, lengths)
+    _check(q, out, lse, keys, lengths, False)
+
+
+def test_capacity_and_batch_do_not_change_a_sequences_bits(ops, cuda_gen):
+    """The same live lengths with a table 1x, 8x and 64x wider, and one sequence beside short
+    or long neighbours at another index, give the same bits."""
+    lengths = [5000, 77, 0, 20000]
+    outs = []
+    for mult in (1, 8, 64):
+        gen = torch.Generator(device="cuda").manual_seed(5)
+        q, k, v, table, _ = _batch(gen, lengths, page_size=64, width_mult=mult)
+        outs.append(_run(ops, q, k, v, table, lengths, check_inputs=False))
+    for out, lse in outs[1:]:
+        assert torch.equal(out, outs[0][0]) and torch.equal(lse, outs[0][1]), "table width changed the output"
+    q, k, v, table, keys = _batch(cuda_gen, [20000], page_size=64)
+    alone = _run(ops, q, k, v, table, [20000])
+    for neighbours in ([1, 1, 1], [60000, 30000, 9]):
+        lengths = neighbours[:1] + [20000] + neighbours[1:]
+        qn, kn, vn, tn, keys_n = _batch(cuda_gen, lengths, page_size=64)
+        qn[1] = q[0]
+        pages = tn[1, :-(-20000 // 64)].tolist()
+        for i, page in enumerate(pages):
+            kn[page] = k[table[0, i]]
+            vn[page] = v[table[0, i]]
+        out, lse = _run(ops, qn, kn, vn, tn, lengths)
+        assert torch.equal(out[1], alone[0][0]) and torch.equal(lse[1], alone[1][0]), \
+            f"neighbours {neighbours} changed the sequence's output"
+
+
+def test_graph_replays_any_length_mix(ops, cuda_gen):
+    """Captured once with every length 1, replayed with 200 random mixes up to 64K: bit for bit
+    the eager call's output each time."""
+    batch, cap = 4, 65536
+    q, k, v, table, _ = _batch(cuda_gen, [cap] * batch, page_size=64)
+    seqlens = torch.ones(batch, dtype=torch.int32, device="cuda")
+    call = lambda: ops.splitkv_attention(q, k, v, cache_seqlens=seqlens, block_table=table, return_lse=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out, g_lse = call()
+    rng = random.Random(11)
+    for step in range(200):
+        mix = [rng.choice([0, 1, rng.randrange(1, 4096), rng.randrange(1, cap + 1)]) for _ in range(batch)]
+        seqlens.copy_(torch.tensor(mix, dtype=torch.int32))
+        graph.replay()
+        want_out, want_lse = call()
+        assert torch.equal(g_out, want_out) and torch.equal(g_lse, want_lse), f"replay {step} ({mix}) differs"
+    mix = [cap, 0, 3, 40000]
+    seqlens.copy_(torch.tensor(mix, dtype=torch.int32))
+    graph.replay()
+    keys = [(k[table[b]].reshape(1, -1, *k.shape[2:])[:, :n], v[table[b]].reshape(1, -1, *v.shape[2:])[:, :n])
+            for b, n in enumerate(mix)]
+    _check(q, g_out, g_lse, keys, mix, False)
+
+
+def test_fused_merge_counters_stay_zero(ops, cuda_gen):
+    lengths = [9000, 0, 1, 300, 64]
+    q, k, v, table, _ = _batch(cuda_gen, lengths, page_size=16)
+    stream = torch.cuda.current_stream()
+    outs = [_run(ops, q, k, v, table, lengths, merge="fused", max_splits=m)[0] for m in (17, 2, 17)]
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], outs[2])
+    counters = ops._extension().read_eager_counters(stream.device.index, stream.cuda_stream)
+    assert counters and not any(counters), "tile counters not back at zero"
+
+
+def test_preallocated_workspace_and_compile(ops, cuda_gen):
+    lengths = [3000, 5, 0]
+    q, k, v, table, keys = _batch(cuda_gen, lengths, page_size=128)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    ws = nan_workspace(live.workspace_size(q, 24))
+    out, lse = ops.splitkv_attention(q, k, v, cache_seqlens=seqlens, block_table=table, max_splits=24,
+                                     workspace=ws, return_lse=True)
+    _check(q, out, lse, keys, lengths, False)
+    compiled = torch.compile(lambda *a: ops.splitkv_attention(*a[:3], cache_seqlens=a[3], block_table=a[4],
+                                                              max_splits=24, return_lse=True), fullgraph=True)
+    c_out, c_lse = compiled(q, k, v, seqlens, table)
+    assert torch.equal(c_out, out) and torch.equal(c_lse, lse)
+
+
+def _bad_calls(q, k, v, table, seqlens):
+    bad_pool = torch.zeros(k.shape[0], 8, *k.shape[2:], dtype=k.dtype, device="cuda")
+    yield "cache_seqlens must be int32", dict(cache_seqlens=seqlens.long(), block_table=table)
+    yield "cache_seqlens must be on", dict(cache_seqlens=seqlens.cpu(), block_table=table)
+    yield "cache_seqlens must have 1 dimension", dict(cache_seqlens=seqlens[None], block_table=table)
+    yield "one length per sequence", dict(cache_seqlens=seqlens[:1], block_table=table)
+    yield "block_table must be int32", dict(cache_seqlens=seqlens, block_table=table.float())
+    yield "block_table must have one row", dict(cache_seqlens=seqlens, block_table=table[:1])
+    yield "page size", dict(k=bad_pool, v=bad_pool, cache_seqlens=seqlens, block_table=table)
+    yield "wider", dict(cache_seqlens=seqlens, block_table=torch.zeros(2, k.shape[0] + 1, dtype=torch.int32,
+                                                                      device="cuda"))
+    yield "max_splits must be", dict(cache_seqlens=seqlens, block_table=table, max_splits=0)
+    yield "max_splits must be", dict(cache_seqlens=seqlens, block_table=table, max_splits=129)
+    yield "min_blocks_per_split must be", dict(cache_seqlens=seqlens, block_table=table, min_blocks_per_split=0)
+    yield "num_splits applies", dict(cache_seqlens=seqlens, block_table=table, num_splits=4)
+    yield "split_policy must be", dict(cache_seqlens=seqlens, block_table=table, split_policy="length")
+    yield "exceeds the cache's capacity", dict(cache_seqlens=seqlens + 10_000, block_table=table)
+    yield "is not a page of the pool", dict(cache_seqlens=seqlens, block_table=table * 0 + k.shape[0])
+
+
+def test_bad_live_arguments_raise_naming_them(ops, cuda_gen):
+    q, k, v, table, _ = _batch(cuda_gen, [100, 7], page_size=16)
+    seqlens = torch.tensor([100, 7], dtype=torch.int32, device="cuda")
+    for match, kw in _bad_calls(q, k, v, table, seqlens):
+        args = {"k": k, "v": v, **kw}
+        with pytest.raises((ValueError, TypeError), match=match):
+            ops.splitkv_attention(q, args.pop("k"), args.pop("v"), **args)
