@@ -15,6 +15,9 @@ shuffle the table).
 * ``flashinfer_xqa``: ``flashinfer.decode.xqa_batch_decode_with_kv_cache``, TensorRT-LLM's
   XQA decode kernel (SM90, SM100 and SM120 only). Sq == 1 only.
 
+``paged_launcher`` plans any of them for a paged batch of given lengths and page size (the
+batches of ``compare_batch``); ``factory`` calls the same planning with equal lengths.
+
 What a timed ``run()`` is: the kernel launches FlashInfer issues for the planned batch (its
 split-KV merge included, where it splits), writing into an output buffer made in ``make``.
 Not timed (all in ``make``): the page-pool copies, the page table, the workspaces, the wrapper
@@ -52,7 +55,8 @@ class PagedKV(NamedTuple):
     """k and v in page pools, and the page table that FlashInfer's paged kernels read.
 
     Page ``p`` of sequence ``b`` is pool page ``indices[indptr[b] + p]``; the last page of
-    each sequence holds ``last_page_len[b]`` tokens (1 to the page size), the rest is zero.
+    each sequence holds ``last_page_len[b]`` tokens (1 to the page size), the rest is never
+    read (``paged_cache`` zeroes it, ``paged_batch`` fills it with NaN).
     """
 
     k_pages: torch.Tensor  # (num_pages, page_size, Hkv, D)
@@ -63,8 +67,8 @@ class PagedKV(NamedTuple):
 
     @property
     def block_table(self) -> torch.Tensor:
-        """int32 ``(B, pages_per_seq)``: the same table as a dense block table (XQA's form);
-        every sequence has the same length, so it is a view of ``indices``."""
+        """int32 ``(B, pages_per_seq)``: the same table as a dense block table (XQA's form),
+        a view of ``indices`` when every sequence has the same number of pages (``paged_cache``)."""
         return self.indices.view(self.last_page_len.numel(), -1)
 
 
@@ -163,20 +167,21 @@ def _wrapper_launch(wrapper) -> Launch:
     return launch
 
 
-def _decode_launch(flashinfer, shape: Shape, scale: float, cache: PagedKV, dtype, device,
+def _decode_launch(flashinfer, shape: Shape, scale: float, cache: PagedKV,
                    use_tensor_cores: bool) -> Launch:
+    dtype, device, page_size = cache.k_pages.dtype, cache.k_pages.device, cache.k_pages.shape[1]
     workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
     # backend="fa2" pins FlashInfer's own kernels: "auto" may route to cuDNN on SM100.
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
         workspace, "NHD", use_tensor_cores=use_tensor_cores, backend="fa2")
     wrapper.plan(cache.indptr, cache.indices, cache.last_page_len, shape.q_heads,
-                 shape.kv_heads, shape.head_dim, PAGE_SIZE, pos_encoding_mode="NONE",
+                 shape.kv_heads, shape.head_dim, page_size, pos_encoding_mode="NONE",
                  q_data_type=dtype, kv_data_type=dtype, sm_scale=scale)
     return _wrapper_launch(wrapper)
 
 
-def _prefill_launch(flashinfer, shape: Shape, scale: float, cache: PagedKV, dtype,
-                    device) -> Launch:
+def _prefill_launch(flashinfer, shape: Shape, scale: float, cache: PagedKV) -> Launch:
+    dtype, device, page_size = cache.k_pages.dtype, cache.k_pages.device, cache.k_pages.shape[1]
     workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
     wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")
     qo_indptr = (torch.arange(shape.batch + 1, dtype=torch.int32) * shape.q_len).to(device)
@@ -185,18 +190,15 @@ def _prefill_launch(flashinfer, shape: Shape, scale: float, cache: PagedKV, dtyp
     # kv_idx + qo_len > kv_len + q_idx test in the mask of the fa2 kernel); with Sq == 1 it
     # masks nothing.
     wrapper.plan(qo_indptr, cache.indptr, cache.indices, cache.last_page_len, shape.q_heads,
-                 shape.kv_heads, shape.head_dim, PAGE_SIZE, causal=shape.causal,
+                 shape.kv_heads, shape.head_dim, page_size, causal=shape.causal,
                  pos_encoding_mode="NONE", sm_scale=scale, q_data_type=dtype,
                  kv_data_type=dtype)
     return _wrapper_launch(wrapper)
 
 
-def _xqa_launch(flashinfer, shape: Shape, scale: float, cache: PagedKV, dtype,
-                device) -> Launch:
-    workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-    block_table = cache.block_table
-    # The kernel reads seq_lens as uint32; int32 holds the same bits for these lengths.
-    seq_lens = torch.full((shape.batch,), shape.kv_len, dtype=torch.int32, device=device)
+def _xqa_launch(flashinfer, shape: Shape, scale: float, cache: PagedKV, block_table,
+                seq_lens) -> Launch:
+    workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=cache.k_pages.device)
     xqa = flashinfer.decode.xqa_batch_decode_with_kv_cache
 
     def launch(q_rows, kv_pages, out_rows):
@@ -207,14 +209,36 @@ def _xqa_launch(flashinfer, shape: Shape, scale: float, cache: PagedKV, dtype,
     return launch
 
 
-def _plan(flashinfer, name: str, shape: Shape, scale: float, cache: PagedKV,
-          q: torch.Tensor) -> Launch:
+def _plan(flashinfer, name: str, shape: Shape, scale: float, cache: PagedKV, block_table,
+          seq_lens) -> Launch:
     if name == "flashinfer_prefill":
-        return _prefill_launch(flashinfer, shape, scale, cache, q.dtype, q.device)
+        return _prefill_launch(flashinfer, shape, scale, cache)
     if name == "flashinfer_xqa":
-        return _xqa_launch(flashinfer, shape, scale, cache, q.dtype, q.device)
-    return _decode_launch(flashinfer, shape, scale, cache, q.dtype, q.device,
+        return _xqa_launch(flashinfer, shape, scale, cache, block_table, seq_lens)
+    return _decode_launch(flashinfer, shape, scale, cache,
                           use_tensor_cores=name == "flashinfer_decode_tc")
+
+
+def _flashinfer():
+    """flashinfer, or ``ImportError`` with ``available``'s one-line reason."""
+    try:
+        return _import_flashinfer()
+    except Exception as err:  # compare records an ImportError as a failed peer, with this text
+        raise ImportError(_import_problem(err)) from err
+
+
+def paged_launcher(name: str, shape: Shape, scale: float, cache: PagedKV, *,
+                   block_table: torch.Tensor, seq_lens: torch.Tensor) -> Launch:
+    """Peer ``name`` planned for one paged batch of any lengths: sequence ``b`` has
+    ``seq_lens[b]`` keys (int32 on the device) in the pages ``cache`` and ``block_table`` (int32
+    ``(B, max_pages)``, XQA's form of the same table) list; ``shape.kv_len`` is the longest,
+    every sequence has ``shape.q_len`` queries. The page size is the pools'.
+
+    The launcher is not yet warmed up: its first call may JIT-compile. ``ValueError`` for a
+    shape the peer cannot run (before importing flashinfer), ``ImportError`` without it.
+    """
+    check_supported(name, shape)
+    return _plan(_flashinfer(), name, shape, scale, cache, block_table, seq_lens)
 
 
 def factory(name: str, shape: Shape, scale: float) -> Callable:
@@ -225,10 +249,7 @@ def factory(name: str, shape: Shape, scale: float) -> Callable:
     flashinfer) and ``ImportError`` when flashinfer cannot be imported.
     """
     check_supported(name, shape)
-    try:
-        flashinfer = _import_flashinfer()
-    except Exception as err:  # compare records an ImportError as a failed peer, with this text
-        raise ImportError(_import_problem(err)) from err
+    flashinfer = _flashinfer()
     shared: dict[str, Launch] = {}
 
     def make(q, k, v):
@@ -241,7 +262,10 @@ def factory(name: str, shape: Shape, scale: float) -> Callable:
         launch = shared.get("launch")
         if launch is None:
             # The identity tables of one shape are equal: the first input set's plan serves all.
-            launch = shared["launch"] = _plan(flashinfer, name, shape, scale, cache, q)
+            # XQA reads seq_lens as uint32; int32 holds the same bits for these lengths.
+            seq_lens = torch.full((batch,), shape.kv_len, dtype=torch.int32, device=q.device)
+            launch = shared["launch"] = _plan(flashinfer, name, shape, scale, cache,
+                                              cache.block_table, seq_lens)
             # Warm-up: JIT compilation / module load and FlashInfer's lazy per-device buffers
             # happen here, never in a timed or captured call.
             launch(q_rows, kv_pages, out_rows)

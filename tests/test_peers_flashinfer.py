@@ -223,7 +223,7 @@ def _fake_flashinfer(rec: _Recorder):
 
     def unpack(paged_kv_cache):
         k_pages, v_pages = paged_kv_cache
-        assert k_pages.shape == v_pages.shape and k_pages.shape[1] == pf.PAGE_SIZE
+        assert k_pages.shape == v_pages.shape
         return k_pages, v_pages
 
     class BatchDecodeWithPagedKVCacheWrapper:
@@ -243,7 +243,7 @@ def _fake_flashinfer(rec: _Recorder):
                  fixed_split_size=None, disable_split_kv=False, q_len_per_req=1,
                  is_causal=None):
             self.table = (indptr, indices, last_page_len)
-            self.sm_scale, self.q_data_type = sm_scale, q_data_type
+            self.sm_scale, self.q_data_type, self.page_size = sm_scale, q_data_type, page_size
             rec.plans.append(dict(self.init, kind="decode", num_qo_heads=num_qo_heads,
                                   num_kv_heads=num_kv_heads, head_dim=head_dim,
                                   page_size=page_size, pos_encoding_mode=pos_encoding_mode,
@@ -256,6 +256,7 @@ def _fake_flashinfer(rec: _Recorder):
                 kv_cache_sf=None):
             rec.runs += 1
             k_pages, v_pages = unpack(paged_kv_cache)
+            assert k_pages.shape[1] == self.page_size
             assert q.dim() == 3 and q.dtype == self.q_data_type
             assert out is not None and out.shape == q.shape and out.dtype == q.dtype
             qo_indptr = torch.arange(q.shape[0] + 1)
@@ -284,6 +285,7 @@ def _fake_flashinfer(rec: _Recorder):
             self.qo_indptr = qo_indptr
             self.table = (paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len)
             self.sm_scale, self.causal, self.q_data_type = sm_scale, causal, q_data_type
+            self.page_size = page_size
             rec.plans.append(dict(self.init, kind="prefill", num_qo_heads=num_qo_heads,
                                   num_kv_heads=num_kv_heads, head_dim=head_dim_qk,
                                   page_size=page_size, causal=causal,
@@ -298,6 +300,7 @@ def _fake_flashinfer(rec: _Recorder):
                 uses_spcompress=None):
             rec.runs += 1
             k_pages, v_pages = unpack(paged_kv_cache)
+            assert k_pages.shape[1] == self.page_size
             assert q.shape[0] == int(self.qo_indptr[-1]) and q.dtype == self.q_data_type
             assert out is not None and out.shape == q.shape and out.dtype == q.dtype
             out.copy_(_paged_attention(q, self.qo_indptr, k_pages, v_pages, *self.table,
@@ -317,14 +320,16 @@ def _fake_flashinfer(rec: _Recorder):
                               seq_lens_dtype=seq_lens.dtype,
                               block_tables_dtype=block_tables.dtype))
         k_pages, v_pages = unpack(kv_cache)
-        batch = block_tables.shape[0]
+        batch, page_size = block_tables.shape[0], k_pages.shape[1]
         assert query.shape[0] == batch and out is not None and out.shape == query.shape
-        pages_per_seq = block_tables.shape[1]
-        indptr = torch.arange(batch + 1) * pages_per_seq
-        last = seq_lens.long() - (pages_per_seq - 1) * pf.PAGE_SIZE
+        assert max_seq_len == int(seq_lens.max())
+        # Sequence b reads the first ceil(seq_lens[b] / page_size) pages of its table row.
+        pages = (seq_lens.long() + page_size - 1) // page_size
+        indptr = torch.cat([torch.zeros(1, dtype=torch.long), pages.cumsum(0)])
+        indices = torch.cat([block_tables[b, :int(p)] for b, p in enumerate(pages)])
+        last = seq_lens.long() - (pages - 1) * page_size
         out.copy_(_paged_attention(query, torch.arange(batch + 1), k_pages, v_pages, indptr,
-                                   block_tables.flatten(), last, bmm1_scale * bmm2_scale,
-                                   causal=False))
+                                   indices, last, bmm1_scale * bmm2_scale, causal=False))
         return out
 
     flashinfer = types.ModuleType("flashinfer")
@@ -410,3 +415,31 @@ def test_run_matches_reference_and_plans_once(fake, available_ok, name, shape):
 @pytest.fixture
 def available_ok(fake):
     assert pf.available() is None  # the stand-in imports
+
+
+# --- paged_launcher: a paged batch of any lengths ------------------------------------------
+
+@pytest.mark.parametrize("name,q_len", [(n, 1) for n in pf.NAMES] + [("flashinfer_prefill", 3)])
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_paged_launcher_runs_variable_lengths(fake, name, q_len, page_size):
+    from splitkv_tune.paged_batch import make_paged_batch
+    from splitkv_tune.reference import splitkv_attention_ref
+
+    lengths = (150, 1, 64, 17)
+    batch = make_paged_batch(lengths, q_heads=4, kv_heads=2, head_dim=64, q_len=q_len,
+                             dtype=torch.float32, page_size=page_size, device="cpu", seed=3,
+                             extra_pages=2)
+    shape = Shape("bf16", 64, len(lengths), 4, 2, q_len, max(lengths), False)
+    launch = pf.paged_launcher(name, shape, 0.125, batch.flashinfer,
+                               block_table=batch.block_table, seq_lens=batch.cache_seqlens)
+    assert fake.runs == 0  # planned, not yet run
+    rows = batch.q.reshape(-1, 4, 64)
+    out = torch.empty_like(rows)
+    launch(rows, (batch.k_pool, batch.v_pool), out)
+    ref = splitkv_attention_ref(batch.q.double(), batch.k_pool.double(), batch.v_pool.double(),
+                                softmax_scale=0.125, cache_seqlens=batch.cache_seqlens,
+                                block_table=batch.block_table)
+    assert not out.isnan().any()  # the NaN tails and spare pages were never read
+    torch.testing.assert_close(out.view(batch.q.shape).double(), ref, rtol=1e-5, atol=1e-5)
+    if name != "flashinfer_xqa":
+        assert fake.plans[-1]["page_size"] == page_size
