@@ -225,11 +225,16 @@ def copy_bandwidth_gbps(device=None, nbytes: int | None = None, **timing_kwargs)
 
 def input_sets_needed(shape: Shape, device) -> int:
     """Input sets to rotate so that their footprint is at least twice the L2 (1 on CPU)."""
+    return sets_for_bytes(shape.bytes_moved(), device)
+
+
+def sets_for_bytes(nbytes: int, device) -> int:
+    """Input sets of ``nbytes`` each to rotate so that they cover twice the L2 (1 on CPU)."""
     device = torch.device(device)
     if device.type != "cuda":
         return 1
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
-    return int(min(MAX_INPUT_SETS, max(1, math.ceil(2 * l2 / shape.bytes_moved()))))
+    return int(min(MAX_INPUT_SETS, max(1, math.ceil(2 * l2 / nbytes))))
 
 
 def make_inputs(shape: Shape, device, n_sets: int = 1, seed: int = 0) -> list[tuple]:

@@ -1,0 +1,304 @@
+"""Our paged kernel against FlashInfer and padded SDPA on one variable-length batch.
+
+One batch (``paged_batch.make_paged_batch``: shuffled pages, NaN outside the live keys) is
+timed, in one process and one run, by every implementation:
+
+* ``ours``: the default paged call (``block_kv``, ``min_blocks_per_split``, ``max_splits`` and
+  ``merge`` all ``"auto"``), each sequence split by its own length;
+* ``ours_one_split``: ``min_blocks_per_split=1, max_splits=S``, so every sequence of at least
+  ``S`` blocks gets the same ``S`` splits, as a kernel with one split count per batch would;
+* ``flashinfer_decode`` / ``flashinfer_decode_tc`` (``BatchDecodeWithPagedKVCacheWrapper``,
+  CUDA cores / tensor cores, planned by its own ``plan()`` for these lengths),
+  ``flashinfer_xqa`` (decode only) and ``flashinfer_prefill`` (any Sq; not in the defaults);
+* ``sdpa_cudnn``: cuDNN SDPA on the batch padded to its longest sequence, unmasked: it reads
+  ``max_len`` keys per sequence, so its output is not checked;
+* ``copy_floor``: the live keys and values (``live_kv_bytes``) over the device's copy bandwidth.
+
+Timing is ``bench.time_callable`` with ``method="cuda_graph"`` (each sample a graph replay of
+at least 16 calls, rotating over copies of the batch that cover twice the L2), the discipline
+of ``compare``; a failure to capture or run is that row's ``reason``, never raised. Our calls
+pass ``check_inputs=False``: a captured call must not read the lengths back to the host. The
+untimed first call of each implementation (``check_inputs=True`` for ours) gives the output
+that is checked: against ``reference.splitkv_attention_ref`` in fp32 when the batch has at most
+``REFERENCE_MAX_KEYS`` keys, else against the first FlashInfer peer that ran.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable
+
+import pandas as pd
+import torch
+
+from splitkv_tune import batches, bench, compare, paged_batch, space
+from splitkv_tune import peers_flashinfer as pf
+from splitkv_tune.tunables import Shape
+
+PEERS = ("flashinfer_decode", "flashinfer_decode_tc", "flashinfer_xqa", "flashinfer_prefill",
+         "sdpa_cudnn")
+DEFAULT_PEERS = ("flashinfer_decode", "flashinfer_decode_tc", "flashinfer_xqa", "sdpa_cudnn")
+ONE_SPLIT = 16
+REFERENCE_MAX_KEYS = 300_000
+TOLERANCE = {"bf16": 2e-2, "fp16": 1e-2}
+# Of the device's free memory, what the padded copies of sdpa_cudnn may take.
+PADDED_MEMORY_SHARE = 0.8
+SDPA_NOTE = "padded to max_len and unmasked: reads max_len keys per sequence; output not checked"
+COLUMNS = [
+    "label", "batch", "min_len", "max_len", "mean_len", "total_len", "page_size", "q_heads",
+    "kv_heads", "head_dim", "q_len", "dtype", "impl", "status", "median_us", "p20_us", "p80_us",
+    "n", "method", "input_sets", "x_floor", "ours_speedup", "floor_us", "live_kv_bytes",
+    "copy_bw_gbps", "max_abs_err", "check", "note", "reason"]
+
+
+def our_attention(q, k_cache, v_cache, **kwargs):
+    """Our kernel's paged call, ``splitkv_tune.ops.splitkv_attention``."""
+    from splitkv_tune import ops
+    return ops.splitkv_attention(q, k_cache, v_cache, **kwargs)
+
+
+def _ours(sets: list[paged_batch.PagedBatch], **knobs) -> tuple[Callable, list[Callable]]:
+    """The checked first call (lengths validated on the host) and one timed call per set."""
+    def call(s, check_inputs):
+        return functools.partial(our_attention, s.q, s.k_pool, s.v_pool,
+                                 cache_seqlens=s.cache_seqlens, block_table=s.block_table,
+                                 check_inputs=check_inputs, **knobs)
+    return call(sets[0], True), [call(s, False) for s in sets]
+
+
+def _flashinfer_run(launch: pf.Launch, s: paged_batch.PagedBatch) -> Callable:
+    q_rows = s.q.reshape(-1, *s.q.shape[2:])
+    out = torch.empty_like(s.q)
+    out_rows = out.view(q_rows.shape)
+
+    def run():
+        launch(q_rows, (s.k_pool, s.v_pool), out_rows)
+        return out
+    return run
+
+
+def _flashinfer(name, shape, scale, sets) -> tuple[Callable, list[Callable]]:
+    first = sets[0]
+    launch = pf.paged_launcher(name, shape, scale, first.flashinfer,
+                               block_table=first.block_table, seq_lens=first.cache_seqlens)
+    fns = [_flashinfer_run(launch, s) for s in sets]
+    return fns[0], fns
+
+
+def _padded_bytes(shape: Shape) -> int:
+    """What one padded input set of sdpa_cudnn holds: k and v, (B, Hkv, max_len, D) each."""
+    return 2 * shape.batch * shape.kv_heads * shape.kv_len * shape.head_dim * shape.element_bytes()
+
+
+def _sdpa_problem(shape: Shape, device) -> str | None:
+    if device.type != "cuda":
+        return None
+    # The padded copies of every set, and the one gathered from the pages before transposing.
+    needs = _padded_bytes(shape) * (bench.sets_for_bytes(_padded_bytes(shape), device) + 1)
+    free = torch.cuda.mem_get_info(device)[0]
+    if needs > PADDED_MEMORY_SHARE * free:
+        return (f"the padded batch needs {needs / 2**30:.1f} GiB, more than "
+                f"{PADDED_MEMORY_SHARE:.0%} of the {free / 2**30:.1f} GiB free")
+    return None
+
+
+def _sdpa(shape, scale, sets, device) -> tuple[Callable, list[Callable]]:
+    make = compare.peer_factory("sdpa_cudnn", shape, scale)
+    k_pad, v_pad = sets[0].padded_kv()
+    # make() keeps transposed copies of its own: each set is distinct memory.
+    fns = [make(sets[0].q, k_pad, v_pad)
+           for _ in range(bench.sets_for_bytes(_padded_bytes(shape), device))]
+    return fns[0], fns
+
+
+def _measure(build: Callable, device, timing: dict) -> tuple[bench.Timing, torch.Tensor | None]:
+    """Run the first call (its output is kept for the check), then time every call."""
+    with torch.inference_mode():
+        try:
+            first, fns = build()
+            out = first()
+            out = (out[0] if isinstance(out, tuple) else out).detach().float().clone()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        except (ImportError, AttributeError) + bench.FAILURE_EXCEPTIONS as err:
+            return bench.Timing.failure("failed", bench.describe_error(err)), None
+        try:
+            return bench.time_callable(fns, device=device, **timing), out
+        except bench.FAILURE_EXCEPTIONS as err:  # a graph that cannot be captured, among others
+            return bench.Timing.failure("failed", bench.describe_error(err)), out
+
+
+def _skip_reason(name: str, shape: Shape, device) -> str | None:
+    if name in pf.NAMES:
+        missing = pf.available()
+        if missing:
+            return missing
+        try:
+            pf.check_supported(name, shape)
+        except ValueError as err:
+            return str(err)
+        return None
+    return _sdpa_problem(shape, device)
+
+
+def _reference(batch: paged_batch.PagedBatch) -> torch.Tensor:
+    from splitkv_tune import reference
+    with torch.inference_mode():
+        return reference.splitkv_attention_ref(
+            batch.q.float(), batch.k_pool.float(), batch.v_pool.float(),
+            cache_seqlens=batch.cache_seqlens, block_table=batch.block_table, block_kv=64,
+            max_splits=1, min_blocks_per_split=1)
+
+
+def _yardstick(batch, outputs: dict) -> tuple[torch.Tensor | None, str]:
+    """The output to check against and its name, or None and why there is none."""
+    total = sum(batch.lengths)
+    if total <= REFERENCE_MAX_KEYS:
+        try:
+            return _reference(batch), "reference"
+        except bench.FAILURE_EXCEPTIONS as err:
+            return None, f"the reference failed ({bench.describe_error(err)})"
+    for name in pf.NAMES:
+        if outputs.get(name) is not None:
+            return outputs[name], name
+    return None, (f"{total} keys are more than the reference's {REFERENCE_MAX_KEYS} "
+                  "and no FlashInfer peer ran")
+
+
+def _check(name, out, expected, source, tol) -> tuple[str, float, bool]:
+    """(check text, max abs error, passed) of one implementation's output."""
+    if out is None:
+        return "", math.nan, True
+    if expected is None:
+        return f"not checked: {source}", math.nan, True
+    if name == source:
+        return "the yardstick of the check", math.nan, True
+    err = (out - expected.float()).abs().max().item() if out.shape == expected.shape else math.nan
+    if err <= tol:  # NaN compares false: never passes
+        return f"ok vs {source} (max abs {err:.2g})", err, True
+    return f"wrong vs {source}: max abs {err:.3g} > {tol:g}", err, False
+
+
+def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim: int = 128,
+                      q_len: int = 1, dtype: str = "bf16", page_size: int = 64,
+                      peers=DEFAULT_PEERS, one_split: int = ONE_SPLIT, device=None,
+                      timing: dict | None = None, copy_bw: float | None = None,
+                      label: str | None = None, seed: int = 0) -> pd.DataFrame:
+    """Time ours, ours_one_split, ``peers`` and the copy floor on one batch; one row each.
+
+    ``lengths`` is a ``batches`` text or a sequence of ints; ``copy_bw`` (GB/s) is measured
+    when not given.
+    """
+    unknown = sorted(set(peers) - set(PEERS))
+    if unknown:
+        raise ValueError(f"unknown peer(s) {unknown}; choose from {PEERS}")
+    if label is None:
+        label = lengths if isinstance(lengths, str) else ",".join(str(n) for n in lengths)
+    lengths = batches.parse_lengths(lengths) if isinstance(lengths, str) else tuple(lengths)
+    summary = batches.describe(lengths)
+    device = torch.device(device) if device is not None else bench.default_device("cuda")
+    timing = dict(timing or space.TIMING_DEFAULTS)
+    if copy_bw is None:
+        copy_bw = bench.copy_bandwidth_gbps(device, **timing)
+    if device.type == "cuda":
+        timing["method"] = "cuda_graph"
+    shape = Shape(dtype, head_dim, len(lengths), q_heads, kv_heads, q_len, summary["max"], False)
+    scale = 1.0 / math.sqrt(head_dim)
+    first = paged_batch.make_paged_batch(
+        lengths, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, q_len=q_len, dtype=dtype,
+        page_size=page_size, device=device, seed=seed)
+    sets = [first] + [first.copy() for _ in range(bench.sets_for_bytes(first.live_kv_bytes, device) - 1)]
+    impls = [("ours", lambda: _ours(sets), ""),
+             ("ours_one_split", lambda: _ours(sets, min_blocks_per_split=1, max_splits=one_split),
+              f"min_blocks_per_split=1, max_splits={one_split}")]
+    for name in peers:
+        if name == "sdpa_cudnn":
+            impls.append((name, lambda: _sdpa(shape, scale, sets, device), SDPA_NOTE))
+        else:
+            impls.append((name, functools.partial(_flashinfer, name, shape, scale, sets), ""))
+    results, outputs = {}, {}
+    for name, build, note in impls:
+        reason = _skip_reason(name, shape, device) if name in PEERS else None
+        if reason:
+            results[name] = (bench.Timing.failure("skipped", reason), note)
+            continue
+        with compare.peer_backend(name):
+            result, out = _measure(build, device, timing)
+        results[name] = (result, note)
+        if name != "sdpa_cudnn":
+            outputs[name] = out
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    expected, source = _yardstick(first, outputs)
+    floor_us = first.live_kv_bytes / copy_bw / 1e3
+    ours_us = results["ours"][0].median_us
+    base = {"label": label, "batch": summary["batch"], "min_len": summary["min"],
+            "max_len": summary["max"], "mean_len": summary["mean"], "total_len": summary["total"],
+            "page_size": page_size, "q_heads": q_heads, "kv_heads": kv_heads,
+            "head_dim": head_dim, "q_len": q_len, "dtype": dtype, "floor_us": floor_us,
+            "live_kv_bytes": first.live_kv_bytes, "copy_bw_gbps": copy_bw}
+    rows = []
+    for name, (result, note) in results.items():
+        check, err, passed = _check(name, outputs.get(name), expected, source, TOLERANCE[dtype])
+        if name == "sdpa_cudnn" and result.status == "ok":
+            check = "not checked: padded, unmasked"
+        rows.append({**base, "impl": name, "status": result.status if passed else "wrong",
+                     "median_us": result.median_us, "p20_us": result.p20_us,
+                     "p80_us": result.p80_us, "n": result.n, "method": result.method,
+                     "input_sets": result.input_sets, "x_floor": result.median_us / floor_us,
+                     "ours_speedup": result.median_us / ours_us, "max_abs_err": err,
+                     "check": check, "note": note, "reason": result.reason})
+    rows.append({**base, "impl": "copy_floor", "status": "ok", "median_us": floor_us,
+                 "p20_us": math.nan, "p80_us": math.nan, "n": 0,
+                 "method": "live_kv_bytes / copy bandwidth", "input_sets": 1, "x_floor": 1.0,
+                 "ours_speedup": floor_us / ours_us, "max_abs_err": math.nan, "check": "",
+                 "note": f"{first.live_kv_bytes / 1e6:.1f} MB at {copy_bw:.0f} GB/s", "reason": ""})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def run_compare_batches(texts, *, device=None, timing: dict | None = None, progress=None,
+                        **kwargs) -> pd.DataFrame:
+    """``run_compare_batch`` of each ``batches`` text, with one copy-bandwidth measurement."""
+    device = torch.device(device) if device is not None else bench.default_device("cuda")
+    timing = dict(timing or space.TIMING_DEFAULTS)
+    copy_bw = bench.copy_bandwidth_gbps(device, **timing)
+    frames = []
+    for text in texts:
+        if progress:
+            progress(text)
+        frames.append(run_compare_batch(text, device=device, timing=timing, copy_bw=copy_bw,
+                                        **kwargs))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return pd.concat(frames, ignore_index=True)
+
+
+def _cell(value: float, digits: int = 1, suffix: str = "") -> str:
+    return f"{value:.{digits}f}{suffix}" if math.isfinite(value) else "-"
+
+
+def markdown_report(results: pd.DataFrame) -> str:
+    """One table per batch: median µs, p20-p80, times the copy floor, ours' speed-up over each
+    implementation (its µs / ours µs), the check and notes."""
+    parts = []
+    head = ["impl", "µs", "p20-p80 µs", "x floor", "ours speed-up", "check", "note"]
+    for label, group in results.groupby("label", sort=False):
+        r = group.iloc[0]
+        parts.append(
+            f"### `{label}`\n\nB = {r['batch']}, lengths {r['min_len']}-{r['max_len']} (mean "
+            f"{r['mean_len']:.0f}, {r['total_len']} keys), page {r['page_size']}, Hq {r['q_heads']}, "
+            f"Hkv {r['kv_heads']}, D {r['head_dim']}, Sq {r['q_len']}, {r['dtype']}; live K/V "
+            f"{r['live_kv_bytes'] / 1e6:.1f} MB, copy floor {r['floor_us']:.1f} µs "
+            f"({r['copy_bw_gbps']:.0f} GB/s)\n")
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for _, row in group.iterrows():
+            ok = row["status"] == "ok"
+            spread = (f"{row['p20_us']:.1f}-{row['p80_us']:.1f}"
+                      if math.isfinite(row["p20_us"]) else "-")
+            note = "; ".join(x for x in (row["note"], row["reason"]) if x)
+            lines.append("| " + " | ".join([
+                row["impl"], _cell(row["median_us"]) if ok else row["status"], spread,
+                _cell(row["x_floor"], 2, "x"), _cell(row["ours_speedup"], 2, "x"),
+                row["check"], note.replace("|", "/")]) + " |")
+        parts.append("\n".join(lines) + "\n")
+    return "\n".join(parts)
