@@ -1,0 +1,94 @@
+"""``splitkv-tune compare-batch``: a thin click layer over :mod:`splitkv_tune.compare_batch`.
+
+Every option is checked (lengths parsed, page size, shape, peers, output paths) before CUDA
+is touched, so bad input costs nothing and needs no GPU.
+"""
+from __future__ import annotations
+
+import json
+
+import click
+
+from splitkv_tune import tunables
+from splitkv_tune.cli_errors import STDOUT, check_output, exit_2_on_bad_input
+
+
+def _lengths(ctx, param, values):
+    from splitkv_tune import batches
+    parsed = []
+    for text in values:
+        try:
+            parsed.append((text, batches.parse_lengths(text)))
+        except ValueError as err:
+            raise click.BadParameter(f"{text!r}: {err}", param_hint="--lengths")
+    return parsed
+
+
+def _page_size(ctx, param, value):
+    from splitkv_tune.plan import PAGE_SIZES
+    if value not in PAGE_SIZES:
+        raise click.BadParameter(f"must be one of {PAGE_SIZES}, got {value}", param_hint="--page-size")
+    return value
+
+
+@click.command("compare-batch")
+@click.option("--lengths", "batches", multiple=True, required=True, callback=_lengths,
+              help="One batch's live lengths; repeat for more. A list with repeats "
+                   "(65536,1024x15) or uniform:N:LEN, skewed:N:LONG:SHORT, geometric:N:MAX:MIN, "
+                   "lognormal:N:MEAN:SIGMA[:SEED].")
+@click.option("--page-size", type=int, default=64, show_default=True, callback=_page_size,
+              help="Tokens per page of the K/V pools.")
+@click.option("--q-heads", type=int, default=32, show_default=True)
+@click.option("--kv-heads", type=int, default=8, show_default=True)
+@click.option("--head-dim", type=int, default=128, show_default=True)
+@click.option("--q-len", type=int, default=1, show_default=True, help="Queries per sequence.")
+@click.option("--dtype", type=click.Choice(tunables.DTYPES), default="bf16", show_default=True)
+@click.option("--peers", default="flashinfer_decode,flashinfer_decode_tc,flashinfer_xqa,sdpa_cudnn",
+              show_default=True, help="Comma list; flashinfer_prefill also runs Sq > 1.")
+@click.option("--one-split", type=click.IntRange(1, tunables.MAX_SPLITS), default=16,
+              show_default=True,
+              help="S of ours_one_split (min_blocks_per_split=1, max_splits=S).")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, allow_dash=True),
+              help="Also write the rows here; - prints them as CSV instead of the report.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON instead of the report.")
+@click.option("--out-md", "md_path", type=click.Path(dir_okay=False),
+              help="Also write the markdown report here.")
+@exit_2_on_bad_input
+def compare_batch(batches, page_size, q_heads, kv_heads, head_dim, q_len, dtype, peers, one_split,
+                  csv_path, as_json, md_path):
+    """Ours vs FlashInfer and padded cuDNN SDPA on paged, variable-length batches."""
+    from splitkv_tune import compare_batch as compare_batch_mod
+    from splitkv_tune.tunables import Shape
+
+    for text, lengths in batches:
+        try:
+            Shape(dtype, head_dim, len(lengths), q_heads, kv_heads, q_len, max(lengths)).validate()
+        except ValueError as err:
+            raise click.UsageError(f"bad shape for --lengths {text!r}: {err}")
+    peer_list = [p.strip() for p in peers.split(",") if p.strip()]
+    unknown = sorted(set(peer_list) - set(compare_batch_mod.PEERS))
+    if unknown:
+        raise click.BadParameter(f"unknown peer(s) {unknown}; choose from {compare_batch_mod.PEERS}",
+                                 param_hint="--peers")
+    check_output(csv_path, "--csv", allow_stdout=True)
+    check_output(md_path, "--out-md")
+    from splitkv_tune import bench
+    problem = bench.backend_problem("cuda")
+    if problem:
+        raise click.UsageError(problem)
+    results = compare_batch_mod.run_compare_batches(
+        [text for text, _ in batches], q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+        q_len=q_len, dtype=dtype, page_size=page_size, peers=peer_list, one_split=one_split,
+        progress=lambda text: click.echo(f"batch {text} ...", err=True))
+    markdown = compare_batch_mod.markdown_report(results)
+    from splitkv_tune import table
+    if csv_path and csv_path != STDOUT:
+        table.atomic_write_csv(csv_path, results)
+    if md_path:
+        table.atomic_write_text(md_path, markdown)
+    if as_json:
+        click.echo(json.dumps(json.loads(results.to_json(orient="records")), indent=2))
+    elif csv_path == STDOUT:
+        click.echo(results.to_csv(index=False), nl=False)
+    else:
+        click.echo(markdown)

@@ -1,0 +1,95 @@
+"""``splitkv-tune compare-batch``: bad input ends in one line naming the option, exit 2, before
+CUDA is touched (nothing is measured or written)."""
+import pytest
+from click.testing import CliRunner
+
+from splitkv_tune import bench, compare_batch
+from splitkv_tune.cli import main
+
+
+@pytest.fixture(autouse=True)
+def no_cuda(monkeypatch):
+    def touched(*args, **kwargs):
+        raise AssertionError("CUDA was touched before the input was checked")
+    monkeypatch.setattr(compare_batch, "run_compare_batches", touched)
+    monkeypatch.setattr(bench, "backend_problem", touched)
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, ["compare-batch", *args])
+
+
+def assert_clear_error(result, *names):
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    for name in names:
+        assert name in result.output, result.output
+
+
+@pytest.mark.parametrize("lengths,expected", [
+    ("", "lengths are empty"),
+    ("1024,,5", "empty item"),
+    ("1024x0", "repeat count"),
+    ("-5", "is negative"),
+    ("skewed:16:65536", "expected skewed:N:LONG:SHORT"),
+    ("normal:4:10", "unknown distribution"),
+    ("uniform:0:8", "N must be at least 1"),
+])
+def test_bad_lengths(lengths, expected):
+    assert_clear_error(invoke("--lengths", lengths), "--lengths", expected)
+
+
+def test_one_bad_batch_of_several():
+    assert_clear_error(invoke("--lengths", "uniform:16:8192", "--lengths", "8x"),
+                       "--lengths", "'8x'")
+
+
+def test_lengths_are_required():
+    assert_clear_error(invoke(), "--lengths")
+
+
+@pytest.mark.parametrize("value", ["1", "48", "512", "0"])
+def test_bad_page_size(value):
+    assert_clear_error(invoke("--lengths", "4", "--page-size", value), "--page-size",
+                       "(16, 32, 64, 128, 256)")
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--q-heads", "6", "--kv-heads", "4"], "multiple of kv_heads"),
+    (["--head-dim", "80"], "head_dim must be one of"),
+    (["--q-len", "0"], "q_len must be a positive integer"),
+    (["--kv-heads", "0"], "kv_heads must be a positive integer"),
+])
+def test_bad_shape(args, expected):
+    assert_clear_error(invoke("--lengths", "65536,1024x15", *args), "bad shape", "65536,1024x15",
+                       expected)
+
+
+@pytest.mark.parametrize("args,names", [
+    (["--peers", "flex,flashinfer_decode"], ["--peers", "flex"]),
+    (["--one-split", "0"], ["--one-split"]),
+    (["--one-split", "129"], ["--one-split"]),
+    (["--dtype", "fp32"], ["--dtype"]),
+])
+def test_bad_options(args, names):
+    assert_clear_error(invoke("--lengths", "4", *args), *names)
+
+
+def test_bad_output_paths(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    assert_clear_error(invoke("--lengths", "4", "--csv", str(a_file / "rows.csv")), "--csv",
+                       "is a file")
+    assert_clear_error(invoke("--lengths", "4", "--out-md", str(tmp_path)), "--out-md",
+                       "is a directory")
+
+
+def test_no_gpu_is_a_usage_error(monkeypatch):
+    monkeypatch.setattr(bench, "backend_problem", lambda backend: "no GPU here")
+    assert_clear_error(invoke("--lengths", "skewed:16:65536:1024"), "no GPU here")
+
+
+def test_default_peers_are_the_modules():
+    default = next(p for p in main.commands["compare-batch"].params if p.name == "peers").default
+    assert tuple(default.split(",")) == compare_batch.DEFAULT_PEERS
