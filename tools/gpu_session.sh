@@ -6,7 +6,9 @@
 # shapes (~2 min); pdl-ab: the table's config with and without programmatic dependent launch
 # on the small decode shapes, two fixed-cost and two large ones (~1.5 min); sweep: quick grid
 # (~3 min); evaluate: selector regret on the GPU (~2 min); breakdown: kernel time per call
-# (~1.5 min); compare: quick grid and causal prefill against the peers (~6 min). The build
+# (~1.5 min); compare: quick grid and causal prefill against the peers (~6 min); compare-batch:
+# the paged kernel on the skewed batches and a uniform one vs FlashInfer and padded cuDNN
+# SDPA (~5 min, FlashInfer's JIT included; compare_batch.md/.csv). The build
 # takes ~1.5 min first.
 # Offline hosts: carry the wheels of gpu-wheelhouse.sh in .whl/ (installed to /tmp/site first).
 # Logs are written to a scratch folder and, after every step, packed with results/<gpu> into
@@ -107,7 +109,14 @@ for mode in "$@"; do
         --out results/$gpu/compare_prefill --no-progress 2>&1 | tail -8 | tee "$out/prefill.log"
       splitkv-tune env > "$out/env.txt" 2>&1
       ;;
-    *) echo "usage: $0 MODE... (test, head-dims, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare)" >&2; exit 2 ;;
+    compare-batch)
+      # One 64K and fifteen 1K, one 128K and 255 of 512, eight from 256K down to 2K, and 16 x 8K.
+      timeout ${COMPARE_BATCH_TIMEOUT:-540} splitkv-tune compare-batch --page-size 64 \
+        --lengths skewed:16:65536:1024 --lengths skewed:256:131072:512 \
+        --lengths geometric:8:262144:2048 --lengths uniform:16:8192 \
+        --csv "$out/compare_batch.csv" --out-md "$out/compare_batch.md" 2>&1 | tail -80 | tee "$out/compare_batch.log"
+      ;;
+    *) echo "usage: $0 MODE... (test, head-dims, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch)" >&2; exit 2 ;;
   esac
   pack
 done
