@@ -158,3 +158,16 @@ def assert_every_point_once(tiny_grid_trials):
         assert trials.p20_us.notna().all() and trials.p80_us.notna().all() and (trials.n >= 3).all()
         return trials
     return check
+
+
+@pytest.fixture
+def assert_clear_error():
+    """``check(result, *names)``: a CLI run ended in a clear usage error: exit code 2 from
+    ``SystemExit``, no traceback, and every one of ``names`` in its output."""
+    def check(result, *names):
+        assert result.exit_code == 2, result.output
+        assert isinstance(result.exception, SystemExit), result.exception
+        assert "Traceback" not in result.output
+        for name in names:
+            assert name in result.output, result.output
+    return check

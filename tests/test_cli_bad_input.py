@@ -40,14 +40,6 @@ def invoke(command, args):
     return CliRunner().invoke(command, args)
 
 
-def assert_clear_error(result, *names):
-    assert result.exit_code == 2, result.output
-    assert isinstance(result.exception, SystemExit), result.exception
-    assert "Traceback" not in result.output
-    for name in names:
-        assert name in result.output, result.output
-
-
 def sweep(grid, out, *extra):
     return invoke(sweep_cmd, ["--backend", "reference", "--grid", str(grid), "--out", str(out),
                               "--no-progress", *extra])
@@ -58,24 +50,24 @@ def sweep(grid, out, *extra):
     ("--warmup-s", "-1", ">= 0"), ("--max-time-s", "-0.5", ">= 0"),
     ("--max-time-s", "inf", "finite"), ("--min-reps", "0", ">= 1"), ("--min-reps", "-3", ">= 1"),
 ])
-def test_bad_timing_options(grid, tmp_path, option, value, expected):
+def test_bad_timing_options(grid, tmp_path, option, value, expected, assert_clear_error):
     assert_clear_error(sweep(grid, tmp_path / "out", option, value), option, expected)
     assert_clear_error(invoke(bench_cmd, [*TINY_BENCH, option, value]), option, expected)
     assert not (tmp_path / "out").exists()
 
 
-def test_timing_from_a_grid_file_is_checked_too(tmp_path):
+def test_timing_from_a_grid_file_is_checked_too(tmp_path, assert_clear_error):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({**TINY_GRID, "timing": {"warmup_s": 0.0, "min_reps": 0,
                                                             "max_time_s": 0.0}}))
     assert_clear_error(sweep(path, tmp_path / "out"), "min_reps", ">= 1")
 
 
-def test_bad_seed(grid, tmp_path):
+def test_bad_seed(grid, tmp_path, assert_clear_error):
     assert_clear_error(sweep(grid, tmp_path / "out", "--seed", "-1"), "--seed")
 
 
-def test_output_paths_under_a_file(grid, tmp_path, a_file):
+def test_output_paths_under_a_file(grid, tmp_path, a_file, assert_clear_error):
     assert_clear_error(sweep(grid, a_file / "out"), "--out", "is a file")
     assert_clear_error(sweep(grid, tmp_path / "out", "--storage", str(a_file / "j.journal")),
                        "--storage", "is a file")
@@ -84,7 +76,7 @@ def test_output_paths_under_a_file(grid, tmp_path, a_file):
     assert not (tmp_path / "out").exists()
 
 
-def test_output_paths_in_an_unwritable_place(grid, tmp_path):
+def test_output_paths_in_an_unwritable_place(grid, tmp_path, assert_clear_error):
     unwritable = "/proc/splitkv-tune-test/out"
     assert_clear_error(sweep(grid, unwritable), "--out")
     assert_clear_error(invoke(bench_cmd, [*TINY_BENCH, "--csv", unwritable + ".csv"]), "--csv")
@@ -98,7 +90,7 @@ def test_output_paths_in_an_unwritable_place(grid, tmp_path):
     ("sqlite://", "in-memory"),
     ("postgresql://", "--storage"),  # no driver here, or no server: either is named
 ])
-def test_bad_storage_urls(grid, tmp_path, url, expected):
+def test_bad_storage_urls(grid, tmp_path, url, expected, assert_clear_error):
     assert_clear_error(sweep(grid, tmp_path / "out", "--storage", url), url, expected)
     assert not (tmp_path / "out" / "trials.csv").exists()
 
@@ -108,11 +100,11 @@ def test_bad_storage_urls(grid, tmp_path, url, expected):
     (["--kv-len", str(2**40)], "--kv-len"),
     (["--batch", "4096", "--kv-len", "1048576"], "needs about"),
 ])
-def test_bench_shapes_that_overflow_or_cannot_fit(args, expected):
+def test_bench_shapes_that_overflow_or_cannot_fit(args, expected, assert_clear_error):
     assert_clear_error(invoke(bench_cmd, ["--backend", "reference", *args]), expected)
 
 
-def test_sweep_refuses_shapes_that_cannot_fit_and_dry_run_says_why(tmp_path):
+def test_sweep_refuses_shapes_that_cannot_fit_and_dry_run_says_why(tmp_path, assert_clear_error):
     huge = {**TINY_GRID, "shapes": [{"dtype": "bf16", "head_dim": 128, "q_heads": 64,
                                      "kv_heads": 8, "batch": 512, "q_len": 1024,
                                      "kv_len": 131072}]}
@@ -143,7 +135,7 @@ def test_dry_run_json_is_backend_aware(tmp_path):
 
 
 @pytest.mark.parametrize("content", ["", "garbage,\n\x00\x01", "a,b\n1,2\n"])
-def test_table_rejects_empty_and_garbage_trials(tmp_path, content):
+def test_table_rejects_empty_and_garbage_trials(tmp_path, content, assert_clear_error):
     trials = tmp_path / "trials.csv"
     trials.write_text(content)
     result = invoke(table_cmd, [str(trials), "-o", str(tmp_path / "h.csv")])
@@ -151,7 +143,7 @@ def test_table_rejects_empty_and_garbage_trials(tmp_path, content):
     assert not (tmp_path / "h.csv").exists()
 
 
-def test_table_rejects_invalid_rows_instead_of_writing_an_invalid_table(tmp_path):
+def test_table_rejects_invalid_rows_instead_of_writing_an_invalid_table(tmp_path, assert_clear_error):
     rows = (FIXTURES / "trials.csv").read_text().splitlines()
     header = rows[0].split(",")
     bad = rows[1].split(",")
@@ -163,7 +155,7 @@ def test_table_rejects_invalid_rows_instead_of_writing_an_invalid_table(tmp_path
     assert not (tmp_path / "h.csv").exists()
 
 
-def test_table_output_to_stdout_and_under_a_file(tmp_path, a_file):
+def test_table_output_to_stdout_and_under_a_file(tmp_path, a_file, assert_clear_error):
     result = invoke(table_cmd, [str(FIXTURES / "trials.csv"), "-o", "-"])
     assert result.exit_code == 0, result.output
     assert result.output.startswith("schema_version,gpu,")
@@ -171,7 +163,7 @@ def test_table_output_to_stdout_and_under_a_file(tmp_path, a_file):
                                           str(a_file / "h.csv")]), "-o", "is a file")
 
 
-def test_garbage_heuristics_at_sweep_start(grid, tmp_path):
+def test_garbage_heuristics_at_sweep_start(grid, tmp_path, assert_clear_error):
     out = tmp_path / "out"
     assert sweep(grid, out).exit_code == 0
     (out / "heuristics.csv").write_text("schema_version,gpu\nnot,a table\n")
@@ -179,7 +171,7 @@ def test_garbage_heuristics_at_sweep_start(grid, tmp_path):
     assert (out / "heuristics.csv").read_text() == "schema_version,gpu\nnot,a table\n"
 
 
-def test_garbage_table_given_to_compare(grid, tmp_path):
+def test_garbage_table_given_to_compare(grid, tmp_path, assert_clear_error):
     bad = tmp_path / "h.csv"
     bad.write_bytes(b"\x00\xff\xfe garbage")
     result = invoke(compare_cmd, ["--backend", "reference", "--grid", str(grid), "--table",
@@ -214,7 +206,7 @@ def _table_commands():
 
 
 @pytest.mark.parametrize("command,args", [pytest.param(c, a, id=n) for n, c, a in _table_commands()])
-def test_table_command_outputs_under_a_regular_file(tmp_path, command, args):
+def test_table_command_outputs_under_a_regular_file(tmp_path, command, args, assert_clear_error):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     result = invoke(command, [*args, str(blocker / "out.x")])

@@ -19,14 +19,6 @@ def invoke(*args):
     return CliRunner().invoke(main, ["compare-batch", *args])
 
 
-def assert_clear_error(result, *names):
-    assert result.exit_code == 2, result.output
-    assert isinstance(result.exception, SystemExit), result.exception
-    assert "Traceback" not in result.output
-    for name in names:
-        assert name in result.output, result.output
-
-
 @pytest.mark.parametrize("lengths,expected", [
     ("", "lengths are empty"),
     ("1024,,5", "empty item"),
@@ -36,21 +28,21 @@ def assert_clear_error(result, *names):
     ("normal:4:10", "unknown distribution"),
     ("uniform:0:8", "N must be at least 1"),
 ])
-def test_bad_lengths(lengths, expected):
+def test_bad_lengths(lengths, expected, assert_clear_error):
     assert_clear_error(invoke("--lengths", lengths), "--lengths", expected)
 
 
-def test_one_bad_batch_of_several():
+def test_one_bad_batch_of_several(assert_clear_error):
     assert_clear_error(invoke("--lengths", "uniform:16:8192", "--lengths", "8x"),
                        "--lengths", "'8x'")
 
 
-def test_lengths_are_required():
+def test_lengths_are_required(assert_clear_error):
     assert_clear_error(invoke(), "--lengths")
 
 
 @pytest.mark.parametrize("value", ["1", "48", "512", "0"])
-def test_bad_page_size(value):
+def test_bad_page_size(value, assert_clear_error):
     assert_clear_error(invoke("--lengths", "4", "--page-size", value), "--page-size",
                        "(16, 32, 64, 128, 256)")
 
@@ -61,7 +53,7 @@ def test_bad_page_size(value):
     (["--q-len", "0"], "q_len must be a positive integer"),
     (["--kv-heads", "0"], "kv_heads must be a positive integer"),
 ])
-def test_bad_shape(args, expected):
+def test_bad_shape(args, expected, assert_clear_error):
     assert_clear_error(invoke("--lengths", "65536,1024x15", *args), "bad shape", "65536,1024x15",
                        expected)
 
@@ -72,11 +64,11 @@ def test_bad_shape(args, expected):
     (["--one-split", "129"], ["--one-split"]),
     (["--dtype", "fp32"], ["--dtype"]),
 ])
-def test_bad_options(args, names):
+def test_bad_options(args, names, assert_clear_error):
     assert_clear_error(invoke("--lengths", "4", *args), *names)
 
 
-def test_bad_output_paths(tmp_path):
+def test_bad_output_paths(tmp_path, assert_clear_error):
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     assert_clear_error(invoke("--lengths", "4", "--csv", str(a_file / "rows.csv")), "--csv",
@@ -85,7 +77,7 @@ def test_bad_output_paths(tmp_path):
                        "is a directory")
 
 
-def test_no_gpu_is_a_usage_error(monkeypatch):
+def test_no_gpu_is_a_usage_error(monkeypatch, assert_clear_error):
     monkeypatch.setattr(bench, "backend_problem", lambda backend: "no GPU here")
     assert_clear_error(invoke("--lengths", "skewed:16:65536:1024"), "no GPU here")
 
