@@ -12,6 +12,10 @@ timed, in one process and one run, by every implementation:
   ``flashinfer_xqa`` (decode only) and ``flashinfer_prefill`` (any Sq; not in the defaults);
 * ``sdpa_cudnn``: cuDNN SDPA on the batch padded to its longest sequence, unmasked: it reads
   ``max_len`` keys per sequence, so its output is not checked;
+* ``ours_contiguous``: ours with the same lengths in a padded contiguous cache (the paged
+  path's overhead); for a batch of equal lengths also ``ours_equal_length`` (the equal-length
+  call without ``cache_seqlens``, at the plan's split count and ``block_kv``) and ``ours_table``
+  (that call with every tunable ``"auto"``, from the shipped table);
 * ``copy_floor``: the live keys and values (``live_kv_bytes``) over the device's copy bandwidth.
 
 Timing is ``bench.time_callable`` with ``method="cuda_graph"`` (each sample a graph replay of
@@ -31,7 +35,7 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from splitkv_tune import batches, bench, compare, paged_batch, space
+from splitkv_tune import batches, bench, compare, paged_batch, plan, space
 from splitkv_tune import peers_flashinfer as pf
 from splitkv_tune.tunables import Shape
 
@@ -39,6 +43,9 @@ PEERS = ("flashinfer_decode", "flashinfer_decode_tc", "flashinfer_xqa", "flashin
          "sdpa_cudnn")
 DEFAULT_PEERS = ("flashinfer_decode", "flashinfer_decode_tc", "flashinfer_xqa", "sdpa_cudnn")
 ONE_SPLIT = 16
+# Our kernel on a padded contiguous copy of the batch: skipped, like sdpa_cudnn, when it does
+# not fit in memory.
+CONTIGUOUS = ("ours_contiguous", "ours_equal_length", "ours_table")
 REFERENCE_MAX_KEYS = 300_000
 TOLERANCE = {"bf16": 2e-2, "fp16": 1e-2}
 # Of the device's free memory, what the padded copies of sdpa_cudnn may take.
@@ -64,6 +71,32 @@ def _ours(sets: list[paged_batch.PagedBatch], **knobs) -> tuple[Callable, list[C
                                  cache_seqlens=s.cache_seqlens, block_table=s.block_table,
                                  check_inputs=check_inputs, **knobs)
     return call(sets[0], True), [call(s, False) for s in sets]
+
+
+def _ours_contiguous(sets: list[paged_batch.PagedBatch], uniform_splits: int | None = None,
+                     **knobs) -> tuple[Callable, list[Callable]]:
+    """Our kernel on the same batch in a contiguous cache, ``(B, max_len, Hkv, D)``: with the
+    live lengths (``uniform_splits`` None), or, for a batch of equal lengths, as an equal-length
+    call without them (``num_splits=uniform_splits``, or the table's ``"auto"`` when 0)."""
+    padded = [s.padded_kv() for s in sets]
+
+    def call(s, kv, check_inputs):
+        if uniform_splits is None:
+            return functools.partial(our_attention, s.q, *kv, cache_seqlens=s.cache_seqlens,
+                                     check_inputs=check_inputs, **knobs)
+        if uniform_splits == 0:
+            return functools.partial(our_attention, s.q, *kv)
+        return functools.partial(our_attention, s.q, *kv, num_splits=uniform_splits, split_policy="blocks",
+                                 **knobs)
+    return call(sets[0], padded[0], True), [call(s, kv, False) for s, kv in zip(sets, padded)]
+
+
+def _plan_splits(shape: Shape, device) -> int:
+    """The split count the default paged call gives a sequence of ``shape.kv_len`` keys."""
+    from splitkv_tune import live, ops
+    bkv, min_blocks, bound = live.resolve_knobs(shape.head_dim, shape.kv_heads, shape.packed_rows,
+                                                ops._device_info(device.index)[1])
+    return plan.live_splits(shape.kv_len, bkv, min_blocks, bound)
 
 
 def _flashinfer_run(launch: pf.Launch, s: paged_batch.PagedBatch) -> Callable:
@@ -211,6 +244,14 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
     impls = [("ours", lambda: _ours(sets), ""),
              ("ours_one_split", lambda: _ours(sets, min_blocks_per_split=1, max_splits=one_split),
               f"min_blocks_per_split=1, max_splits={one_split}")]
+    contiguous_note = "the same lengths in a contiguous cache (B, max_len, Hkv, D)"
+    impls.append(("ours_contiguous", lambda: _ours_contiguous(sets), contiguous_note))
+    if len(set(lengths)) == 1 and device.type == "cuda":
+        splits = _plan_splits(shape, device)
+        impls.append(("ours_equal_length", lambda: _ours_contiguous(sets, splits, block_kv=64),
+                      f"equal-length call, no cache_seqlens: num_splits={splits} (the plan's), block_kv=64"))
+        impls.append(("ours_table", lambda: _ours_contiguous(sets, 0),
+                      "equal-length call, no cache_seqlens, every tunable 'auto' (the table)"))
     for name in peers:
         if name == "sdpa_cudnn":
             impls.append((name, lambda: _sdpa(shape, scale, sets, device), SDPA_NOTE))
@@ -218,7 +259,7 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
             impls.append((name, functools.partial(_flashinfer, name, shape, scale, sets), ""))
     results, outputs = {}, {}
     for name, build, note in impls:
-        reason = _skip_reason(name, shape, device) if name in PEERS else None
+        reason = _skip_reason(name, shape, device) if name in PEERS + CONTIGUOUS else None
         if reason:
             results[name] = (bench.Timing.failure("skipped", reason), note)
             continue

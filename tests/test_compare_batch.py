@@ -50,7 +50,7 @@ def _by_impl(frame):
 def test_every_implementation_gets_a_row(calls):
     frame = cb.run_compare_batch("40,7x3", peers=cb.PEERS, one_split=4, **DIMS)
     rows = _by_impl(frame)
-    assert list(rows) == ["ours", "ours_one_split", *cb.PEERS, "copy_floor"]
+    assert list(rows) == ["ours", "ours_one_split", "ours_contiguous", *cb.PEERS, "copy_floor"]
     assert set(frame["label"]) == {"40,7x3"}
     assert frame["batch"].eq(4).all() and frame["max_len"].eq(40).all()
     assert frame["total_len"].eq(61).all()
