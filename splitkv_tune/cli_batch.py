@@ -48,6 +48,8 @@ def _page_size(ctx, param, value):
 @click.option("--one-split", type=click.IntRange(1, tunables.MAX_SPLITS), default=16,
               show_default=True,
               help="S of ours_one_split (min_blocks_per_split=1, max_splits=S).")
+@click.option("--plan", "plans", multiple=True, metavar="MIN_BLOCKS:MAX_SPLITS",
+              help="Also time ours with these plan knobs (block_kv 64), one row each (ours_m<MIN>_s<MAX>).")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False, allow_dash=True),
               help="Also write the rows here; - prints them as CSV instead of the report.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON instead of the report.")
@@ -55,7 +57,7 @@ def _page_size(ctx, param, value):
               help="Also write the markdown report here.")
 @exit_2_on_bad_input
 def compare_batch(batches, page_size, q_heads, kv_heads, head_dim, q_len, dtype, peers, one_split,
-                  csv_path, as_json, md_path):
+                  plans, csv_path, as_json, md_path):
     """Ours vs FlashInfer and padded cuDNN SDPA on paged, variable-length batches."""
     from splitkv_tune import compare_batch as compare_batch_mod
     from splitkv_tune.tunables import Shape
@@ -70,6 +72,16 @@ def compare_batch(batches, page_size, q_heads, kv_heads, head_dim, q_len, dtype,
     if unknown:
         raise click.BadParameter(f"unknown peer(s) {unknown}; choose from {compare_batch_mod.PEERS}",
                                  param_hint="--peers")
+    plan_knobs = []
+    for text in plans:
+        try:
+            min_blocks, max_splits = (int(x) for x in text.split(":"))
+            if min_blocks < 1 or not 1 <= max_splits <= tunables.MAX_SPLITS:
+                raise ValueError
+        except ValueError:
+            raise click.BadParameter(f"expected MIN_BLOCKS:MAX_SPLITS with MIN_BLOCKS >= 1 and MAX_SPLITS in "
+                                     f"[1, {tunables.MAX_SPLITS}], got {text!r}", param_hint="--plan") from None
+        plan_knobs.append((min_blocks, max_splits))
     check_output(csv_path, "--csv", allow_stdout=True)
     check_output(md_path, "--out-md")
     from splitkv_tune import bench
@@ -79,7 +91,7 @@ def compare_batch(batches, page_size, q_heads, kv_heads, head_dim, q_len, dtype,
     results = compare_batch_mod.run_compare_batches(
         [text for text, _ in batches], q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
         q_len=q_len, dtype=dtype, page_size=page_size, peers=peer_list, one_split=one_split,
-        progress=lambda text: click.echo(f"batch {text} ...", err=True))
+        plans=plan_knobs, progress=lambda text: click.echo(f"batch {text} ...", err=True))
     markdown = compare_batch_mod.markdown_report(results)
     from splitkv_tune import table
     if csv_path and csv_path != STDOUT:

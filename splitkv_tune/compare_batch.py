@@ -94,7 +94,7 @@ def _ours_contiguous(sets: list[paged_batch.PagedBatch], uniform_splits: int | N
 def _plan_splits(shape: Shape, device) -> int:
     """The split count the default paged call gives a sequence of ``shape.kv_len`` keys."""
     from splitkv_tune import live, ops
-    bkv, min_blocks, bound = live.resolve_knobs(shape.head_dim, shape.kv_heads, shape.packed_rows,
+    bkv, min_blocks, bound = live.resolve_knobs(shape.batch, shape.head_dim, shape.kv_heads, shape.packed_rows,
                                                 ops._device_info(device.index)[1])
     return plan.live_splits(shape.kv_len, bkv, min_blocks, bound)
 
@@ -216,11 +216,12 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
                       q_len: int = 1, dtype: str = "bf16", page_size: int = 64,
                       peers=DEFAULT_PEERS, one_split: int = ONE_SPLIT, device=None,
                       timing: dict | None = None, copy_bw: float | None = None,
-                      label: str | None = None, seed: int = 0) -> pd.DataFrame:
+                      label: str | None = None, seed: int = 0, plans=()) -> pd.DataFrame:
     """Time ours, ours_one_split, ``peers`` and the copy floor on one batch; one row each.
 
     ``lengths`` is a ``batches`` text or a sequence of ints; ``copy_bw`` (GB/s) is measured
-    when not given.
+    when not given. ``plans``: ``(min_blocks_per_split, max_splits)`` pairs, each timed as one
+    more row of ours (``ours_m<min>_s<max>``, ``block_kv`` 64).
     """
     unknown = sorted(set(peers) - set(PEERS))
     if unknown:
@@ -244,6 +245,11 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
     impls = [("ours", lambda: _ours(sets), ""),
              ("ours_one_split", lambda: _ours(sets, min_blocks_per_split=1, max_splits=one_split),
               f"min_blocks_per_split=1, max_splits={one_split}")]
+    for min_blocks, max_splits in plans:
+        impls.append((f"ours_m{min_blocks}_s{max_splits}",
+                      functools.partial(_ours, sets, block_kv=64, min_blocks_per_split=min_blocks,
+                                        max_splits=max_splits),
+                      f"block_kv=64, min_blocks_per_split={min_blocks}, max_splits={max_splits}"))
     contiguous_note = "the same lengths in a contiguous cache (B, max_len, Hkv, D)"
     impls.append(("ours_contiguous", lambda: _ours_contiguous(sets), contiguous_note))
     if len(set(lengths)) == 1 and device.type == "cuda":

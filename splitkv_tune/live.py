@@ -8,7 +8,7 @@ cache's capacity. The knobs are fixed per call signature (and so at capture):
 
 * ``block_kv`` (keys per pipeline tile): ``"auto"`` is :data:`DEFAULT_BLOCK_KV`.
 * ``min_blocks_per_split``: a sequence gets one split per this many blocks of ``block_kv``
-  keys; ``"auto"`` is :data:`DEFAULT_MIN_KEYS_PER_SPLIT` keys' worth.
+  keys; ``"auto"`` is :func:`default_min_keys_per_split`'s keys' worth.
 * ``max_splits``: the bound on any sequence's splits, which sizes the grid and the workspace;
   ``"auto"`` is :func:`default_max_splits` (enough splits for one sequence to fill the GPU
   twice over).
@@ -23,8 +23,27 @@ from splitkv_tune import _rules, plan, tunables
 from splitkv_tune.tunables import Config, Shape
 
 DEFAULT_BLOCK_KV = 64
-DEFAULT_MIN_KEYS_PER_SPLIT = 256
 WAVES_PER_SEQUENCE = 2
+# The "auto" keys per split: between these, scaled with the batch's (sequence, KV head, query
+# tile) count as if each sequence held TYPICAL_LEN keys (docs/PERFORMANCE.md, the paged batches).
+MIN_KEYS_PER_SPLIT = (256, 2048)
+TYPICAL_LEN = 2048
+
+
+def default_min_keys_per_split(batch: int, kv_heads: int, packed_rows: int, num_sms: int) -> int:
+    """The ``"auto"`` minimum keys per split: what splitting ``batch`` sequences of
+    ``TYPICAL_LEN`` keys over ``WAVES_PER_SEQUENCE`` waves of ``num_sms`` CTAs would give each
+    CTA, rounded up to a power of two within ``MIN_KEYS_PER_SPLIT``. A small batch splits its
+    sequences finely; a large one keeps its short sequences whole, so that its CTAs are
+    few and its long sequences still split up to ``max_splits``.
+
+    >>> [default_min_keys_per_split(b, 8, 4, 132) for b in (1, 8, 16, 256)]
+    [256, 512, 1024, 2048]
+    """
+    tiles = batch * kv_heads * _rules.num_m_blocks(packed_rows)
+    keys = -(-tiles * TYPICAL_LEN // (WAVES_PER_SEQUENCE * num_sms))
+    low, high = MIN_KEYS_PER_SPLIT
+    return min(high, max(low, 1 << max(0, keys - 1).bit_length()))
 
 
 def default_max_splits(kv_heads: int, packed_rows: int, num_sms: int) -> int:
@@ -46,14 +65,14 @@ def _positive_int(name: str, value, upper: int | None = None) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def resolve_knobs(head_dim: int, kv_heads: int, packed_rows: int, num_sms: int, block_kv="auto",
+def resolve_knobs(batch: int, head_dim: int, kv_heads: int, packed_rows: int, num_sms: int, block_kv="auto",
                   min_blocks_per_split="auto", max_splits="auto") -> tuple[int, int, int]:
     """``(block_kv, min_blocks_per_split, max_splits)`` with every ``"auto"`` filled and each
     checked; ``ValueError`` naming the knob.
 
-    >>> resolve_knobs(128, 8, 4, 132)
-    (64, 4, 33)
-    >>> resolve_knobs(256, 8, 4, 132, block_kv=128)
+    >>> resolve_knobs(16, 128, 8, 4, 132)
+    (64, 16, 33)
+    >>> resolve_knobs(1, 256, 8, 4, 132, block_kv=128)
     Traceback (most recent call last):
     ...
     ValueError: block_kv must be one of (32, 64) at head_dim 256, got 128
@@ -64,7 +83,7 @@ def resolve_knobs(head_dim: int, kv_heads: int, packed_rows: int, num_sms: int, 
     if isinstance(block_kv, bool) or block_kv not in allowed:
         raise ValueError(f"block_kv must be one of {allowed} at head_dim {head_dim}, got {block_kv!r}")
     if min_blocks_per_split == "auto":
-        min_blocks_per_split = max(1, DEFAULT_MIN_KEYS_PER_SPLIT // block_kv)
+        min_blocks_per_split = max(1, default_min_keys_per_split(batch, kv_heads, packed_rows, num_sms) // block_kv)
     _positive_int("min_blocks_per_split", min_blocks_per_split)
     if max_splits == "auto":
         max_splits = default_max_splits(kv_heads, packed_rows, num_sms)
@@ -112,14 +131,14 @@ def workspace_size(q: torch.Tensor, max_splits: int) -> int:
 
 
 @torch.compiler.assume_constant_result
-def _launch_knobs(device_index: int, dtype: str, head_dim: int, kv_heads: int, q_len: int, group: int,
+def _launch_knobs(device_index: int, dtype: str, batch: int, head_dim: int, kv_heads: int, q_len: int, group: int,
                   capacity: int, block_kv, min_blocks_per_split, max_splits, uniform: bool,
                   merge: str) -> tuple[int, int, int, bool]:
     # The call's signature alone decides these (evaluated once at trace time under torch.compile):
     # (block_kv, min_blocks_per_split, launch splits, fused merge).
     from splitkv_tune.ops import _device_info
 
-    bkv, min_blocks, bound = resolve_knobs(head_dim, kv_heads, q_len * group, _device_info(device_index)[1],
+    bkv, min_blocks, bound = resolve_knobs(batch, head_dim, kv_heads, q_len * group, _device_info(device_index)[1],
                                            block_kv, min_blocks_per_split, max_splits)
     splits = _rules.live_splits(capacity, bkv, min_blocks, bound) if uniform else bound
     shape = Shape(dtype, head_dim, 1, kv_heads * group, kv_heads, q_len, capacity)
@@ -150,7 +169,7 @@ def launch_args(q, k, v, *, cache_seqlens, block_table, causal, block_kv, min_bl
             raise ValueError(f"{name} must be an integer or 'auto', got {value!r}")
     tunables.check_merge(merge)
     bkv, min_blocks, splits, fused = _launch_knobs(q.device.index, "bf16" if q.dtype == torch.bfloat16 else "fp16",
-                                                   head_dim, kv_heads, q_len, group, capacity, block_kv,
+                                                   int(q.shape[0]), head_dim, kv_heads, q_len, group, capacity, block_kv,
                                                    min_blocks_per_split, max_splits, cache_seqlens is None, merge)
     threads = 128 if reduce_threads == "auto" else reduce_threads
     Config(reduce_threads=threads).validate()

@@ -84,3 +84,8 @@ def test_no_gpu_is_a_usage_error(monkeypatch, assert_clear_error):
 def test_default_peers_are_the_modules():
     default = next(p for p in main.commands["compare-batch"].params if p.name == "peers").default
     assert tuple(default.split(",")) == compare_batch.DEFAULT_PEERS
+
+
+@pytest.mark.parametrize("value", ["4", "0:8", "4:0", "4:129", "a:b", "1:2:3"])
+def test_bad_plan_knobs(value, assert_clear_error):
+    assert_clear_error(invoke("--lengths", "4", "--plan", value), "--plan", "MIN_BLOCKS:MAX_SPLITS")

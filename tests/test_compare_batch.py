@@ -152,3 +152,11 @@ def test_batches_share_one_copy_bandwidth_and_the_report(calls, monkeypatch):
     assert report.count("| impl | µs |") == 2
     assert "| sdpa_cudnn | failed |" in report
     assert "| copy_floor |" in report and "1.00x" in report
+
+
+def test_plan_knobs_get_one_row_each(calls):
+    frame = cb.run_compare_batch("40,7x3", peers=(), one_split=4, plans=[(2, 8), (16, 1)], **DIMS)
+    rows = _by_impl(frame)
+    assert list(rows) == ["ours", "ours_one_split", "ours_m2_s8", "ours_m16_s1", "ours_contiguous", "copy_floor"]
+    assert rows["ours_m2_s8"]["note"] == "block_kv=64, min_blocks_per_split=2, max_splits=8"
+    assert rows["ours_m16_s1"]["status"] == "ok"

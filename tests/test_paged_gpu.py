@@ -136,8 +136,9 @@ def test_capacity_and_batch_do_not_change_a_sequences_bits(ops, cuda_gen):
         outs.append(_run(ops, q, k, v, table, lengths, check_inputs=False))
     for out, lse in outs[1:]:
         assert torch.equal(out, outs[0][0]) and torch.equal(lse, outs[0][1]), "table width changed the output"
+    knobs = dict(min_blocks_per_split=4, max_splits=33)  # "auto" follows the batch size
     q, k, v, table, keys = _batch(cuda_gen, [20000], page_size=64)
-    alone = _run(ops, q, k, v, table, [20000])
+    alone = _run(ops, q, k, v, table, [20000], **knobs)
     for neighbours in ([1, 1, 1], [60000, 30000, 9]):
         lengths = neighbours[:1] + [20000] + neighbours[1:]
         qn, kn, vn, tn, keys_n = _batch(cuda_gen, lengths, page_size=64)
@@ -146,7 +147,7 @@ def test_capacity_and_batch_do_not_change_a_sequences_bits(ops, cuda_gen):
         for i, page in enumerate(pages):
             kn[page] = k[table[0, i]]
             vn[page] = v[table[0, i]]
-        out, lse = _run(ops, qn, kn, vn, tn, lengths)
+        out, lse = _run(ops, qn, kn, vn, tn, lengths, **knobs)
         assert torch.equal(out[1], alone[0][0]) and torch.equal(lse[1], alone[1][0]), \
             f"neighbours {neighbours} changed the sequence's output"
 
