@@ -11,7 +11,7 @@ cache's capacity. The knobs are fixed per call signature (and so at capture):
   keys; ``"auto"`` is :func:`default_min_keys_per_split`'s keys' worth.
 * ``max_splits``: the bound on any sequence's splits, which sizes the grid and the workspace;
   ``"auto"`` is :func:`default_max_splits` (enough splits for one sequence to fill the GPU
-  twice over).
+  twice over, fewer in a large batch).
 """
 from __future__ import annotations
 
@@ -26,8 +26,13 @@ DEFAULT_BLOCK_KV = 64
 WAVES_PER_SEQUENCE = 2
 # The "auto" keys per split: between these, scaled with the batch's (sequence, KV head, query
 # tile) count as if each sequence held TYPICAL_LEN keys (docs/PERFORMANCE.md, the paged batches).
-MIN_KEYS_PER_SPLIT = (256, 2048)
+MIN_KEYS_PER_SPLIT = (256, 1024)
 TYPICAL_LEN = 2048
+# The "auto" max_splits keeps the grid within GRID_CTAS_PER_SM CTAs per SM (every CTA past its
+# sequence's splits still costs a launch and a read of its length), but never below
+# MIN_MAX_SPLITS, so that a long sequence in a large batch still splits.
+GRID_CTAS_PER_SM = 32
+MIN_MAX_SPLITS = 16
 
 
 def default_min_keys_per_split(batch: int, kv_heads: int, packed_rows: int, num_sms: int) -> int:
@@ -38,7 +43,7 @@ def default_min_keys_per_split(batch: int, kv_heads: int, packed_rows: int, num_
     few and its long sequences still split up to ``max_splits``.
 
     >>> [default_min_keys_per_split(b, 8, 4, 132) for b in (1, 8, 16, 256)]
-    [256, 512, 1024, 2048]
+    [256, 512, 1024, 1024]
     """
     tiles = batch * kv_heads * _rules.num_m_blocks(packed_rows)
     keys = -(-tiles * TYPICAL_LEN // (WAVES_PER_SEQUENCE * num_sms))
@@ -46,15 +51,21 @@ def default_min_keys_per_split(batch: int, kv_heads: int, packed_rows: int, num_
     return min(high, max(low, 1 << max(0, keys - 1).bit_length()))
 
 
-def default_max_splits(kv_heads: int, packed_rows: int, num_sms: int) -> int:
+def default_max_splits(batch: int, kv_heads: int, packed_rows: int, num_sms: int) -> int:
     """The ``"auto"`` bound on splits: ``WAVES_PER_SEQUENCE`` waves of ``num_sms`` CTAs for one
-    sequence on its own, at most ``tunables.MAX_SPLITS``.
+    sequence on its own, lowered for a large batch so that the grid stays within
+    ``GRID_CTAS_PER_SM`` CTAs per SM, but not below ``MIN_MAX_SPLITS``; at most
+    ``tunables.MAX_SPLITS``.
 
-    >>> default_max_splits(8, 4, 132), default_max_splits(1, 8, 132), default_max_splits(32, 64, 132)
-    (33, 128, 9)
+    >>> [default_max_splits(b, 8, 4, 132) for b in (1, 16, 32, 256)]
+    [33, 33, 16, 16]
+    >>> default_max_splits(1, 1, 8, 132), default_max_splits(1, 32, 64, 132)
+    (128, 9)
     """
     tiles = kv_heads * _rules.num_m_blocks(packed_rows)
-    return max(1, min(tunables.MAX_SPLITS, -(-WAVES_PER_SEQUENCE * num_sms // tiles)))
+    one_sequence = -(-WAVES_PER_SEQUENCE * num_sms // tiles)
+    grid_cap = max(MIN_MAX_SPLITS, GRID_CTAS_PER_SM * num_sms // (batch * tiles))
+    return max(1, min(tunables.MAX_SPLITS, one_sequence, grid_cap))
 
 
 def _positive_int(name: str, value, upper: int | None = None) -> int:
@@ -86,7 +97,7 @@ def resolve_knobs(batch: int, head_dim: int, kv_heads: int, packed_rows: int, nu
         min_blocks_per_split = max(1, default_min_keys_per_split(batch, kv_heads, packed_rows, num_sms) // block_kv)
     _positive_int("min_blocks_per_split", min_blocks_per_split)
     if max_splits == "auto":
-        max_splits = default_max_splits(kv_heads, packed_rows, num_sms)
+        max_splits = default_max_splits(batch, kv_heads, packed_rows, num_sms)
     _positive_int("max_splits", max_splits, tunables.MAX_SPLITS)
     return block_kv, min_blocks_per_split, max_splits
 
