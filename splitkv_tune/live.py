@@ -105,22 +105,10 @@ def resolve_knobs(batch: int, head_dim: int, kv_heads: int, packed_rows: int, nu
 def check_qkv(q, k, v) -> tuple[int, int]:
     """q ``(B, Sq, Hq, D)`` against page pools or a contiguous cache k, v; returns
     ``(kv_heads, group)``."""
-    from splitkv_tune.ops import check_tensor
+    from splitkv_tune.ops import check_tensors
 
-    for name, t in (("q", q), ("k_cache", k), ("v_cache", v)):
-        check_tensor(name, t, 4)
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"q, k_cache and v_cache must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if k.device != q.device or v.device != q.device:
-        raise ValueError(f"q, k_cache and v_cache must be on one device, got {q.device}, {k.device}, {v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    for name, t in (("q", q), ("k_cache", k), ("v_cache", v)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must have a contiguous last dim (stride 1), got stride {t.stride(-1)}")
+    check_tensors(q, k, v, "k_cache", "v_cache")
     head_dim = int(q.shape[3])
-    if k.shape[3] != head_dim:
-        raise ValueError(f"k_cache head_dim ({k.shape[3]}) must equal q head_dim ({head_dim})")
     if head_dim not in tunables.HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {tunables.HEAD_DIMS}, got {head_dim}")
     q_heads, kv_heads = int(q.shape[2]), int(k.shape[2])

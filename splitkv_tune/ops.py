@@ -54,24 +54,32 @@ def check_tensor(name: str, t, rank: int) -> None:
                          f"got shape {tuple(t.shape)}")
 
 
-def problem_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> Shape:
-    """Validate q, k, v against each other and return the problem's ``Shape``."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
+def check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_name: str = "k", v_name: str = "v") -> None:
+    """What q, k and v must agree on whatever the cache's layout: rank 4, one dtype and device,
+    k and v of one shape, contiguous last dims, one head dim."""
+    names = (("q", q), (k_name, k), (v_name, v))
+    for name, t in names:
         check_tensor(name, t, 4)
     if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        raise TypeError(f"q, {k_name} and {v_name} must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.device != q.device or v.device != q.device:
-        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+        raise ValueError(f"q, {k_name} and {v_name} must be on one device, got {q.device}, {k.device}, {v.device}")
     if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
+        raise ValueError(f"{k_name} and {v_name} must have the same shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    for name, t in names:
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last dim (stride 1), got stride {t.stride(-1)}")
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"{k_name} head_dim ({k.shape[3]}) must equal q head_dim ({q.shape[3]})")
+
+
+def problem_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> Shape:
+    """Validate q, k, v against each other and return the problem's ``Shape``."""
+    check_tensors(q, k, v)
     batch, q_len, q_heads, head_dim = (int(x) for x in q.shape)
     if k.shape[0] != batch:
         raise ValueError(f"k batch ({k.shape[0]}) must equal q batch ({batch})")
-    if k.shape[3] != head_dim:
-        raise ValueError(f"k head_dim ({k.shape[3]}) must equal q head_dim ({head_dim})")
     if batch * k.shape[2] > _MAX_GRID_Y:
         raise ValueError(f"batch * kv_heads must be at most {_MAX_GRID_Y}, got {batch * k.shape[2]}")
     if max(k.shape[1], q_len * (q_heads // max(1, k.shape[2]))) >= 2**31:
