@@ -106,8 +106,8 @@ py::tuple check_problem(py::handle q_obj, py::handle k_obj, py::handle v_obj) {
     throw py::value_error("batch * kv_heads must be at most " + std::to_string(kMaxGridY) + ", got " +
                           std::to_string(batch * kv_heads));
   }
-  if (std::max(kv_len, q_len * (q_heads / kv_heads)) >= (int64_t(1) << 31)) {
-    throw py::value_error("kv_len and q_len * (q_heads / kv_heads) must be below 2**31");
+  if (std::max(kv_len, q_len * (q_heads / kv_heads)) > rules::kMaxKeys) {
+    throw py::value_error("kv_len and q_len * (q_heads / kv_heads) must be at most " + std::to_string(rules::kMaxKeys));
   }
   return py::make_tuple(dtype_code(q.scalar_type()), head_dim, batch, q_heads, kv_heads, q_len, kv_len,
                         q.device().index());
@@ -255,7 +255,9 @@ py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::hand
   const bool live = !seqlens_obj.is_none();
   const bool paged = !block_table_obj.is_none();
   const at::Tensor seqlens = live ? THPVariable_Unpack(seqlens_obj.ptr()).contiguous() : at::Tensor();
-  const at::Tensor block_table = paged ? THPVariable_Unpack(block_table_obj.ptr()) : at::Tensor();
+  // The kernel indexes the table as [b * stride(0) + page]: its last dim must be dense (a traced
+  // caller may hand over any layout).
+  const at::Tensor block_table = paged ? THPVariable_Unpack(block_table_obj.ptr()).contiguous() : at::Tensor();
   const int device = q.device().index();
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();

@@ -51,6 +51,7 @@ PYBIND11_MODULE(_rules, m) {
   }, py::arg("policy"), py::arg("split"), py::arg("num_splits"), py::arg("kv_len"), py::arg("kv_end"),
         py::arg("block_kv"));
   m.def("lanes_per_row", &rules::lanes_per_row, py::arg("head_dim"));
+  m.attr("MAX_KEYS") = rules::kMaxKeys;
   m.def("live_splits", [](int live_len, int block_kv, int min_blocks_per_split, int max_splits) {
     if (live_len < 0 || block_kv < 1 || min_blocks_per_split < 1 || max_splits < 1) {
       throw py::value_error("live_splits needs live_len >= 0 and block_kv, min_blocks_per_split, max_splits >= 1");

@@ -15,7 +15,7 @@ import operator
 
 import torch
 
-from splitkv_tune import tunables
+from splitkv_tune import _rules, tunables
 from splitkv_tune.tunables import Config, Shape
 
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -82,8 +82,8 @@ def problem_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         raise ValueError(f"k batch ({k.shape[0]}) must equal q batch ({batch})")
     if batch * k.shape[2] > _MAX_GRID_Y:
         raise ValueError(f"batch * kv_heads must be at most {_MAX_GRID_Y}, got {batch * k.shape[2]}")
-    if max(k.shape[1], q_len * (q_heads // max(1, k.shape[2]))) >= 2**31:
-        raise ValueError("kv_len and q_len * (q_heads / kv_heads) must be below 2**31")
+    if max(k.shape[1], q_len * (q_heads // max(1, k.shape[2]))) > _rules.MAX_KEYS:
+        raise ValueError(f"kv_len and q_len * (q_heads / kv_heads) must be at most {_rules.MAX_KEYS}")
     dtype = _DTYPES[q.dtype]
     return Shape(dtype, head_dim, batch, q_heads, int(k.shape[2]), q_len, int(k.shape[1]),
                  bool(causal)).validate()

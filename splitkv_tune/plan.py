@@ -75,8 +75,8 @@ def check_live_args(q: torch.Tensor, k: torch.Tensor, cache_seqlens, block_table
         if k.shape[0] != batch:
             raise ValueError(f"k batch ({k.shape[0]}) must equal q batch ({batch}) without a block_table")
         page_size, capacity = None, int(k.shape[1])
-    if capacity >= 2**31:
-        raise ValueError(f"the cache's capacity per sequence must be below 2**31 keys, got {capacity}")
+    if capacity > _rules.MAX_KEYS:
+        raise ValueError(f"the cache's capacity per sequence must be at most {_rules.MAX_KEYS} keys, got {capacity}")
     if cache_seqlens is not None:
         _check_int_tensor("cache_seqlens", cache_seqlens, 1, q.device)
         if cache_seqlens.shape[0] != batch:

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from splitkv_tune import plan, tunables
+from splitkv_tune import _rules, plan, tunables
 from splitkv_tune.reference import attention_ref, splitkv_attention_ref
 
 
@@ -163,3 +163,13 @@ def test_pages_past_the_live_length_are_neither_checked_nor_read(gen):
         vb = v[pages].reshape(1, -1, 1, 64)[:, :int(lens[b])]
         want, _ = attention_ref(q[b:b + 1].double(), kb.double(), vb.double())
         torch.testing.assert_close(out[b:b + 1].double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_capacity_past_the_int32_block_arithmetic_is_refused():
+    """Lengths within a block of 2**31 would overflow the plan's int32 arithmetic (rules.h's
+    kMaxKeys); a pool (stride-0, no memory) and table that could hold them are refused."""
+    pages = _rules.MAX_KEYS // 256 + 1
+    pool = torch.zeros(1, 256, 1, 64).expand(pages, 256, 1, 64)
+    table = torch.zeros(1, pages, dtype=torch.int32)
+    with pytest.raises(ValueError, match="capacity per sequence must be at most 2147483392"):
+        plan.check_live_args(torch.zeros(1, 1, 1, 64), pool, None, table)

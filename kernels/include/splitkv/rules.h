@@ -33,6 +33,10 @@ struct KeyRange {
 
 SPLITKV_HOST_DEVICE constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// Keys one sequence may hold: the block and split arithmetic below (a length plus a block, a
+// tile's first key plus a block) is int32 and must not overflow.
+inline constexpr int kMaxKeys = int((int64_t(1) << 31) - 256);
+
 // Packed query rows per CTA. A 128-row tile would hold 256 fp32 accumulators per thread with
 // 4 warps and spill.
 SPLITKV_HOST_DEVICE constexpr int block_m_for(int packed_rows) { return packed_rows <= 16 ? 16 : 64; }
