@@ -22,15 +22,16 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def _batch(gen, lengths, *, page_size, q_heads=32, kv_heads=8, head_dim=128, q_len=1, dtype="bf16",
-           width_mult=1, extra_pages=3):
+           width_mult=1, extra_pages=3, capacity=None):
     """q, the caches (page pools with a shuffled table, or a contiguous cache) and each
-    sequence's live K and V."""
+    sequence's live K and V. The cache holds ``capacity`` keys per sequence (default: the
+    longest length) times ``width_mult``."""
     dt = DTYPES[dtype]
     batch = len(lengths)
     q = torch.randn(batch, q_len, q_heads, head_dim, generator=gen, device="cuda").to(dt)
     keys = [(torch.randn(1, n, kv_heads, head_dim, generator=gen, device="cuda").to(dt),
              torch.randn(1, n, kv_heads, head_dim, generator=gen, device="cuda").to(dt)) for n in lengths]
-    cap_keys = max(max(lengths), 1)
+    cap_keys = max(capacity or max(lengths), 1)
     if page_size is None:
         cache = [torch.full((batch, cap_keys * width_mult, kv_heads, head_dim), float("nan"), dtype=dt,
                             device="cuda") for _ in range(2)]
@@ -45,11 +46,12 @@ def _batch(gen, lengths, *, page_size, q_heads=32, kv_heads=8, head_dim=128, q_l
     pools = [torch.full((num_pages, page_size, kv_heads, head_dim), float("nan"), dtype=dt, device="cuda")
              for _ in range(2)]
     for b, (kb, vb) in enumerate(keys):
-        n = lengths[b]
-        for i, page in enumerate(table[b, :-(-n // page_size)].tolist()):
-            rows = slice(i * page_size, min(n, (i + 1) * page_size))
-            pools[0][page, :rows.stop - rows.start] = kb[0, rows]
-            pools[1][page, :rows.stop - rows.start] = vb[0, rows]
+        n_pages = -(-lengths[b] // page_size)
+        pages = table[b, :n_pages].long()
+        for pool, x in zip(pools, (kb, vb)):
+            padded = torch.full((n_pages * page_size, kv_heads, head_dim), float("nan"), dtype=dt, device="cuda")
+            padded[:lengths[b]] = x[0]
+            pool[pages] = padded.view(n_pages, page_size, kv_heads, head_dim)  # the rest of the last page: NaN
     return q, pools[0], pools[1], table, keys
 
 
@@ -116,6 +118,27 @@ def test_long_sequences_up_to_128k(ops, cuda_gen):
     for max_splits in (2, "auto", tunables.MAX_SPLITS):
         out, lse = _run(ops, q, k, v, table, lengths, max_splits=max_splits)
         _check(q, out, lse, keys, lengths, False)
+
+
+# FlashAttention's test_flash_attn_kvcache grid (seqlen_q, seqlen_k pairs, MHA / MQA / GQA over six
+# query heads, causal or not) on caches whose live lengths are random and shorter than the
+# capacity seqlen_k, contiguous and paged (its page sizes above 256 are not ours).
+FA_KVCACHE_SEQLENS = [(1, 128), (1, 339), (3, 1024), (64, 800), (64, 256), (3, 799), (64, 2048), (16, 20000),
+                      (1, 128 * 1024), (16, 128 * 1024), (128, 128)]
+
+
+@pytest.mark.parametrize("page_size", [None, 16, 256], ids=lambda p: f"page{p}" if p else "contiguous")
+@pytest.mark.parametrize("q_len,capacity", FA_KVCACHE_SEQLENS)
+@pytest.mark.parametrize("kv_heads", [6, 1, 3], ids=["mha", "mqa", "gqa"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_kvcache_style(ops, cuda_gen, page_size, q_len, capacity, kv_heads, head_dim, causal):
+    rng = random.Random(hash((page_size, q_len, capacity, kv_heads, head_dim, causal)) % 2**32)
+    lengths = [rng.randint(0, capacity) for _ in range(2)]
+    q, k, v, table, keys = _batch(cuda_gen, lengths, page_size=page_size, q_heads=6, kv_heads=kv_heads,
+                                  head_dim=head_dim, q_len=q_len, capacity=capacity)
+    out, lse = _run(ops, q, k, v, table, lengths, causal=causal)
+    _check(q, out, lse, keys, lengths, causal)
 
 
 def test_every_length_zero(ops, cuda_gen):
