@@ -16,6 +16,7 @@ cache's capacity. The knobs are fixed per call signature (and so at capture):
 from __future__ import annotations
 
 import functools
+import operator
 
 import torch
 
@@ -66,6 +67,17 @@ def default_max_splits(batch: int, kv_heads: int, packed_rows: int, num_sms: int
     one_sequence = -(-WAVES_PER_SEQUENCE * num_sms // tiles)
     grid_cap = max(MIN_MAX_SPLITS, GRID_CTAS_PER_SM * num_sms // (batch * tiles))
     return max(1, min(tunables.MAX_SPLITS, one_sequence, grid_cap))
+
+
+def _knob(name: str, value):
+    """``value`` as a plain int (numpy and torch integers too) or ``"auto"``; ``ValueError``
+    naming the knob otherwise."""
+    if isinstance(value, str) or isinstance(value, bool):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer or 'auto', got {value!r}") from None
 
 
 def _positive_int(name: str, value, upper: int | None = None) -> int:
@@ -162,10 +174,9 @@ def launch_args(q, k, v, *, cache_seqlens, block_table, causal, block_kv, min_bl
         raise TypeError(f"check_inputs must be True or False, got {check_inputs!r}")
     _, capacity = plan.check_live_args(q, k, cache_seqlens, block_table)
     q_len, head_dim = int(q.shape[1]), int(q.shape[3])
-    for name, value in (("block_kv", block_kv), ("min_blocks_per_split", min_blocks_per_split),
-                        ("max_splits", max_splits)):
-        if not isinstance(value, (int, str)):
-            raise ValueError(f"{name} must be an integer or 'auto', got {value!r}")
+    block_kv, min_blocks_per_split, max_splits = (
+        _knob(name, value) for name, value in (("block_kv", block_kv), ("min_blocks_per_split", min_blocks_per_split),
+                                               ("max_splits", max_splits)))
     tunables.check_merge(merge)
     bkv, min_blocks, splits, fused = _launch_knobs(q.device.index, "bf16" if q.dtype == torch.bfloat16 else "fp16",
                                                    int(q.shape[0]), head_dim, kv_heads, q_len, group, capacity, block_kv,

@@ -1,0 +1,43 @@
+"""The paged call's knobs on the CPU (splitkv_tune.live): the "auto" rules, the checks that name
+the knob, and the workspace a server preallocates."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from splitkv_tune import _rules, live, tunables
+
+
+def test_auto_knobs_follow_the_batch_and_the_sm_count():
+    # (B, Hkv, packed rows) -> (block_kv, min_blocks_per_split, max_splits) on 132 SMs.
+    assert live.resolve_knobs(1, 128, 8, 4, 132) == (64, 4, 33)
+    assert live.resolve_knobs(16, 128, 8, 4, 132) == (64, 16, 33)
+    assert live.resolve_knobs(32, 128, 8, 4, 132) == (64, 16, 16)
+    assert live.resolve_knobs(256, 128, 8, 4, 132) == (64, 16, 16)
+    assert live.resolve_knobs(1, 128, 1, 8, 132)[2] == tunables.MAX_SPLITS  # MQA: one tile per sequence
+    for batch in (1, 3, 64, 1000):
+        keys = live.default_min_keys_per_split(batch, 8, 4, 132)
+        assert live.MIN_KEYS_PER_SPLIT[0] <= keys <= live.MIN_KEYS_PER_SPLIT[1] and keys & (keys - 1) == 0
+        assert 1 <= live.default_max_splits(batch, 8, 4, 132) <= tunables.MAX_SPLITS
+
+
+def test_given_knobs_are_kept_and_bad_ones_named():
+    assert live.resolve_knobs(4, 256, 8, 4, 132, block_kv=32, min_blocks_per_split=3, max_splits=7) == (32, 3, 7)
+    for kwargs, match in ((dict(block_kv=128), "block_kv must be one of"),
+                          (dict(min_blocks_per_split=0), "min_blocks_per_split must be"),
+                          (dict(max_splits=tunables.MAX_SPLITS + 1), "max_splits must be"),
+                          (dict(max_splits=True), "max_splits must be")):
+        with pytest.raises(ValueError, match=match):
+            live.resolve_knobs(4, 256, 8, 4, 132, **kwargs)
+    assert live._knob("max_splits", np.int32(9)) == 9 and live._knob("block_kv", "auto") == "auto"
+    with pytest.raises(ValueError, match="min_blocks_per_split must be an integer or 'auto', got 2.5"):
+        live._knob("min_blocks_per_split", 2.5)
+
+
+def test_workspace_is_sized_from_the_bound():
+    q = torch.zeros(3, 2, 8, 128)
+    assert live.workspace_size(q, 1) == 0
+    assert live.workspace_size(q, 5) == _rules.workspace_sections(5, 3, 8, 2, 128)[2] > 5 * 3 * 8 * 2 * 128 * 4
+    with pytest.raises(ValueError, match="max_splits must be"):
+        live.workspace_size(q, 0)
