@@ -91,6 +91,19 @@ def _ours_contiguous(sets: list[paged_batch.PagedBatch], uniform_splits: int | N
     return call(sets[0], padded[0], True), [call(s, kv, False) for s, kv in zip(sets, padded)]
 
 
+def _wide_problem(batch: paged_batch.PagedBatch, mult: int, n_sets: int, device) -> str | None:
+    """Why the ``mult`` times wider copies of every set do not fit, or None."""
+    if device.type != "cuda":
+        return None
+    pages = max(batch.block_table.shape[1] * mult, batch.k_pool.shape[0])
+    needs = 2 * n_sets * pages * batch.k_pool[0].numel() * batch.k_pool.element_size()
+    free = torch.cuda.mem_get_info(device)[0]
+    if needs > PADDED_MEMORY_SHARE * free:
+        return (f"the {mult}x wider pools need {needs / 2**30:.1f} GiB, more than "
+                f"{PADDED_MEMORY_SHARE:.0%} of the {free / 2**30:.1f} GiB free")
+    return None
+
+
 def _plan_splits(shape: Shape, device) -> int:
     """The split count the default paged call gives a sequence of ``shape.kv_len`` keys."""
     from splitkv_tune import live, ops
@@ -216,12 +229,13 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
                       q_len: int = 1, dtype: str = "bf16", page_size: int = 64,
                       peers=DEFAULT_PEERS, one_split: int = ONE_SPLIT, device=None,
                       timing: dict | None = None, copy_bw: float | None = None,
-                      label: str | None = None, seed: int = 0, plans=()) -> pd.DataFrame:
+                      label: str | None = None, seed: int = 0, plans=(), wider=()) -> pd.DataFrame:
     """Time ours, ours_one_split, ``peers`` and the copy floor on one batch; one row each.
 
     ``lengths`` is a ``batches`` text or a sequence of ints; ``copy_bw`` (GB/s) is measured
     when not given. ``plans``: ``(min_blocks_per_split, max_splits)`` pairs, each timed as one
-    more row of ours (``ours_m<min>_s<max>``, ``block_kv`` 64).
+    more row of ours (``ours_m<min>_s<max>``, ``block_kv`` 64). ``wider``: factors ``N``, each
+    timed as ours behind a block table ``N`` times wider (``ours_wide<N>``: capacity invariance).
     """
     unknown = sorted(set(peers) - set(PEERS))
     if unknown:
@@ -250,6 +264,12 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
                       functools.partial(_ours, sets, block_kv=64, min_blocks_per_split=min_blocks,
                                         max_splits=max_splits),
                       f"block_kv=64, min_blocks_per_split={min_blocks}, max_splits={max_splits}"))
+    wide_problems = {}
+    for mult in wider:
+        name = f"ours_wide{mult}"
+        wide_problems[name] = _wide_problem(first, mult, len(sets), device)
+        impls.append((name, functools.partial(lambda m: _ours([s.widened(m) for s in sets]), mult),
+                      f"block table {mult}x wider, pools padded to its width"))
     contiguous_note = "the same lengths in a contiguous cache (B, max_len, Hkv, D)"
     impls.append(("ours_contiguous", lambda: _ours_contiguous(sets), contiguous_note))
     if len(set(lengths)) == 1 and device.type == "cuda":
@@ -265,7 +285,8 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
             impls.append((name, functools.partial(_flashinfer, name, shape, scale, sets), ""))
     results, outputs = {}, {}
     for name, build, note in impls:
-        reason = _skip_reason(name, shape, device) if name in PEERS + CONTIGUOUS else None
+        reason = (_skip_reason(name, shape, device) if name in PEERS + CONTIGUOUS
+                  else wide_problems.get(name))
         if reason:
             results[name] = (bench.Timing.failure("skipped", reason), note)
             continue

@@ -82,6 +82,21 @@ class PagedBatch:
             flashinfer=self.flashinfer._replace(k_pages=k_pool, v_pages=v_pool))
 
 
+    def widened(self, mult: int) -> "PagedBatch":
+        """The same batch behind a block table ``mult`` times wider, as a larger cache capacity
+        makes it: the extra entries are page 0 (never read), and the pools gain NaN pages up to
+        the table's width, which a pool must at least have."""
+        batch, width = self.block_table.shape
+        table = torch.cat([self.block_table, self.block_table.new_zeros(batch, width * (mult - 1))], 1)
+        extra = max(0, table.shape[1] - self.k_pool.shape[0])
+
+        def pad(pool):
+            return torch.cat([pool, pool.new_full((extra, *pool.shape[1:]), float("nan"))]) if extra else pool
+        k_pool, v_pool = pad(self.k_pool), pad(self.v_pool)
+        return dataclasses.replace(self, k_pool=k_pool, v_pool=v_pool, block_table=table,
+                                   flashinfer=self.flashinfer._replace(k_pages=k_pool, v_pages=v_pool))
+
+
 def _check(lengths, page_size: int, extra_pages: int) -> tuple[int, ...]:
     lengths = tuple(int(n) for n in lengths)
     if not lengths:

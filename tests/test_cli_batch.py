@@ -89,3 +89,8 @@ def test_default_peers_are_the_modules():
 @pytest.mark.parametrize("value", ["4", "0:8", "4:0", "4:129", "a:b", "1:2:3"])
 def test_bad_plan_knobs(value, assert_clear_error):
     assert_clear_error(invoke("--lengths", "4", "--plan", value), "--plan", "MIN_BLOCKS:MAX_SPLITS")
+
+
+@pytest.mark.parametrize("value", ["1", "0", "2000", "x"])
+def test_bad_wider(value, assert_clear_error):
+    assert_clear_error(invoke("--lengths", "4", "--wider", value), "--wider")

@@ -154,6 +154,14 @@ def test_batches_share_one_copy_bandwidth_and_the_report(calls, monkeypatch):
     assert "| copy_floor |" in report and "1.00x" in report
 
 
+def test_wider_tables_get_one_row_each(calls):
+    frame = cb.run_compare_batch("40,7x3", peers=(), one_split=4, wider=[8, 2], **DIMS)
+    rows = _by_impl(frame)
+    assert list(rows) == ["ours", "ours_one_split", "ours_wide8", "ours_wide2", "ours_contiguous", "copy_floor"]
+    assert rows["ours_wide8"]["status"] == "ok" and rows["ours_wide8"]["check"].startswith("ok")
+    assert rows["ours_wide8"]["note"] == "block table 8x wider, pools padded to its width"
+
+
 def test_plan_knobs_get_one_row_each(calls):
     frame = cb.run_compare_batch("40,7x3", peers=(), one_split=4, plans=[(2, 8), (16, 1)], **DIMS)
     rows = _by_impl(frame)

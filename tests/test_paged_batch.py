@@ -110,6 +110,22 @@ def test_copy_is_new_memory_with_the_same_contents():
     assert other.block_table is batch.block_table
 
 
+def test_widened_batch_reads_the_same_keys_behind_a_wider_table():
+    from splitkv_tune import plan
+    batch = _make((100, 3, 40), 16)
+    wide = batch.widened(8)
+    assert wide.block_table.shape == (3, 8 * batch.block_table.shape[1])
+    assert wide.k_pool.shape[0] >= wide.block_table.shape[1] and wide.k_pool.shape == wide.v_pool.shape
+    assert torch.equal(wide.block_table[:, :batch.block_table.shape[1]], batch.block_table)
+    assert wide.block_table[:, batch.block_table.shape[1]:].eq(0).all()
+    assert wide.k_pool[batch.k_pool.shape[0]:].isnan().all()
+    for b, n in enumerate(batch.lengths):
+        for old_pool, new_pool in ((batch.k_pool, wide.k_pool), (batch.v_pool, wide.v_pool)):
+            assert torch.equal(plan.live_keys(new_pool, b, n, wide.block_table),
+                               plan.live_keys(old_pool, b, n, batch.block_table))
+    assert wide.flashinfer.k_pages is wide.k_pool
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(lengths=()), "at least one sequence"),
     (dict(lengths=(4, 0)), "at least 1, got 0"),
