@@ -97,12 +97,17 @@ def _shape_from(dtype, head_dim, batch, q_heads, kv_heads, q_len, kv_len, causal
               help=f"heuristics.csv or an exported .json [default: ${TABLES_ENV}/<gpu>/ then "
                    "results/<gpu>/]")
 @click.option("--json", "as_json", is_flag=True, help="Print the choice as JSON.")
+@click.option("--paged", is_flag=True,
+              help="The knobs of a paged / variable-length call of this batch instead (--kv-len: the "
+                   "cache's capacity per sequence), and the workspace to preallocate.")
 @shape_options
 @_exit_2_on_bad_input
-def select(gpu, table, as_json, **shape_kw):
+def select(gpu, table, as_json, paged, **shape_kw):
     """Print the config the selector chooses for one shape, and why."""
     shape = _shape_from(**shape_kw)
     gpu = _gpu_name(gpu)
+    if paged:
+        return _select_paged(shape, gpu, as_json)
     loaded, where = _load_table(table, gpu)
     sel = select_shape(loaded, shape, gpu)
     c = sel.config
@@ -119,6 +124,32 @@ def select(gpu, table, as_json, **shape_kw):
     click.echo(f"why: {sel.reason}")
     click.echo(f"table: {where}")
     click.echo(f"workspace: {tunables.workspace_bytes(shape, c.num_splits)} bytes")
+
+
+def _select_paged(shape: Shape, gpu, as_json: bool) -> None:
+    """``select --paged``: the ``"auto"`` plan knobs of ``splitkv_tune.live`` for this batch on
+    this GPU's SM count, the splits a sequence filling the capacity gets, and the workspace."""
+    from splitkv_tune import _rules, live
+    profile = profile_for(gpu) if gpu is not None else None
+    if profile is None:
+        _fail(f"--paged needs the GPU's SM count: no profile for {gpu!r} in configs/gpus.yaml")
+    bkv, min_blocks, bound = live.resolve_knobs(shape.batch, shape.head_dim, shape.kv_heads, shape.packed_rows,
+                                                profile.sms)
+    choice = {"block_kv": bkv, "min_blocks_per_split": min_blocks, "max_splits": bound,
+              "splits_at_capacity": _rules.live_splits(shape.kv_len, bkv, min_blocks, bound),
+              "why": live.explain_knobs(shape.batch, shape.head_dim, shape.kv_heads, shape.packed_rows,
+                                        profile.sms),
+              "sms": profile.sms,
+              "workspace_bytes": _rules.workspace_sections(bound, shape.batch, shape.q_heads, shape.q_len,
+                                                           shape.head_dim)[2]}
+    if as_json:
+        import json
+        click.echo(json.dumps(choice, indent=2))
+        return
+    click.echo(f"paged knobs: block_kv={bkv} min_blocks_per_split={min_blocks} max_splits={bound}")
+    click.echo(f"why: {choice['why']}")
+    click.echo(f"a sequence of {shape.kv_len} keys (the capacity) gets {choice['splits_at_capacity']} splits")
+    click.echo(f"workspace: {choice['workspace_bytes']} bytes")
 
 
 def _measurement_plan(shapes_file, shape_kw, max_time_s):

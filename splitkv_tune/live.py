@@ -63,10 +63,31 @@ def default_max_splits(batch: int, kv_heads: int, packed_rows: int, num_sms: int
     >>> default_max_splits(1, 1, 8, 132), default_max_splits(1, 32, 64, 132)
     (128, 9)
     """
+    return max(1, min(tunables.MAX_SPLITS, *_max_splits_bounds(batch, kv_heads, packed_rows, num_sms)))
+
+
+def _max_splits_bounds(batch: int, kv_heads: int, packed_rows: int, num_sms: int) -> tuple[int, int]:
+    """(splits that give one sequence WAVES_PER_SEQUENCE waves, the grid cap)."""
     tiles = kv_heads * _rules.num_m_blocks(packed_rows)
-    one_sequence = -(-WAVES_PER_SEQUENCE * num_sms // tiles)
-    grid_cap = max(MIN_MAX_SPLITS, GRID_CTAS_PER_SM * num_sms // (batch * tiles))
-    return max(1, min(tunables.MAX_SPLITS, one_sequence, grid_cap))
+    return (-(-WAVES_PER_SEQUENCE * num_sms // tiles),
+            max(MIN_MAX_SPLITS, GRID_CTAS_PER_SM * num_sms // (batch * tiles)))
+
+
+def explain_knobs(batch: int, head_dim: int, kv_heads: int, packed_rows: int, num_sms: int) -> str:
+    """Why ``resolve_knobs`` picks its ``"auto"`` knobs for this batch, in one line.
+
+    >>> explain_knobs(16, 128, 8, 4, 132).split("; ")[1]
+    'keys per split 1024: 128 (sequence, KV head, query tile) CTAs of 2048 keys over 2 waves of 132 SMs, within [256, 1024]'
+    """
+    bkv, min_blocks, bound = resolve_knobs(batch, head_dim, kv_heads, packed_rows, num_sms)
+    tiles = kv_heads * _rules.num_m_blocks(packed_rows)
+    one_sequence, grid_cap = _max_splits_bounds(batch, kv_heads, packed_rows, num_sms)
+    low, high = MIN_KEYS_PER_SPLIT
+    return (f"block_kv {bkv} (the paged default); keys per split {min_blocks * bkv}: {batch * tiles} (sequence, "
+            f"KV head, query tile) CTAs of {TYPICAL_LEN} keys over {WAVES_PER_SEQUENCE} waves of {num_sms} SMs, "
+            f"within [{low}, {high}]; max_splits {bound}: {WAVES_PER_SEQUENCE} waves for one sequence give "
+            f"{one_sequence}, a grid of at most {GRID_CTAS_PER_SM} CTAs per SM {grid_cap} (at least "
+            f"{MIN_MAX_SPLITS}), at most {tunables.MAX_SPLITS}")
 
 
 def _knob(name: str, value):

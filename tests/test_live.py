@@ -41,3 +41,25 @@ def test_workspace_is_sized_from_the_bound():
     assert live.workspace_size(q, 5) == _rules.workspace_sections(5, 3, 8, 2, 128)[2] > 5 * 3 * 8 * 2 * 128 * 4
     with pytest.raises(ValueError, match="max_splits must be"):
         live.workspace_size(q, 0)
+
+
+def test_select_paged_prints_the_knobs_the_call_uses():
+    import json
+
+    from click.testing import CliRunner
+
+    from splitkv_tune.cli import main
+    args = ["select", "--paged", "--gpu", "h200", "--batch", "32", "--q-heads", "32", "--kv-heads", "8",
+            "--kv-len", "65536"]
+    result = CliRunner().invoke(main, args + ["--json"])
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.output)
+    want = live.resolve_knobs(32, 128, 8, 4, 132)
+    assert (got["block_kv"], got["min_blocks_per_split"], got["max_splits"]) == want
+    assert got["splits_at_capacity"] == _rules.live_splits(65536, *want)
+    assert got["workspace_bytes"] == live.workspace_size(torch.zeros(32, 1, 32, 128), want[2])
+    assert got["why"] == live.explain_knobs(32, 128, 8, 4, 132) and got["sms"] == 132
+    text = CliRunner().invoke(main, args).output
+    assert f"paged knobs: block_kv=64 min_blocks_per_split={want[1]} max_splits={want[2]}" in text
+    bad = CliRunner().invoke(main, args[:3] + ["no_such_gpu"] + args[4:])
+    assert bad.exit_code != 0 and "Traceback" not in bad.output
