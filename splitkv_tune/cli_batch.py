@@ -70,10 +70,10 @@ def compare_batch(batches, page_size, q_heads, kv_heads, head_dim, q_len, dtype,
         except ValueError as err:
             raise click.UsageError(f"bad shape for --lengths {text!r}: {err}")
     peer_list = [p.strip() for p in peers.split(",") if p.strip()]
-    unknown = sorted(set(peer_list) - set(compare_batch_mod.PEERS))
-    if unknown:
-        raise click.BadParameter(f"unknown peer(s) {unknown}; choose from {compare_batch_mod.PEERS}",
-                                 param_hint="--peers")
+    try:
+        compare_batch_mod.check_peers(peer_list)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--peers") from None
     plan_knobs = []
     for text in plans:
         try:

@@ -43,9 +43,6 @@ PEERS = ("flashinfer_decode", "flashinfer_decode_tc", "flashinfer_xqa", "flashin
          "sdpa_cudnn")
 DEFAULT_PEERS = ("flashinfer_decode", "flashinfer_decode_tc", "flashinfer_xqa", "sdpa_cudnn")
 ONE_SPLIT = 16
-# Our kernel on a padded contiguous copy of the batch: skipped, like sdpa_cudnn, when it does
-# not fit in memory.
-CONTIGUOUS = ("ours_contiguous", "ours_equal_length", "ours_table")
 REFERENCE_MAX_KEYS = 300_000
 TOLERANCE = {"bf16": 2e-2, "fp16": 1e-2}
 # Of the device's free memory, what the padded copies of sdpa_cudnn may take.
@@ -56,6 +53,13 @@ COLUMNS = [
     "kv_heads", "head_dim", "q_len", "dtype", "impl", "status", "median_us", "p20_us", "p80_us",
     "n", "method", "input_sets", "x_floor", "ours_speedup", "floor_us", "live_kv_bytes",
     "copy_bw_gbps", "max_abs_err", "check", "note", "reason"]
+
+
+def check_peers(peers) -> None:
+    """``ValueError`` naming the peers this benchmark does not know."""
+    unknown = sorted(set(peers) - set(PEERS))
+    if unknown:
+        raise ValueError(f"unknown peer(s) {unknown}; choose from {PEERS}")
 
 
 def our_attention(q, k_cache, v_cache, **kwargs):
@@ -91,17 +95,19 @@ def _ours_contiguous(sets: list[paged_batch.PagedBatch], uniform_splits: int | N
     return call(sets[0], padded[0], True), [call(s, kv, False) for s, kv in zip(sets, padded)]
 
 
-def _wide_problem(batch: paged_batch.PagedBatch, mult: int, n_sets: int, device) -> str | None:
-    """Why the ``mult`` times wider copies of every set do not fit, or None."""
+def _memory_problem(needs: int, device, what: str) -> str | None:
+    """Why ``needs`` bytes of ``what`` do not fit in the device's free memory, or None."""
     if device.type != "cuda":
         return None
-    pages = max(batch.block_table.shape[1] * mult, batch.k_pool.shape[0])
-    needs = 2 * n_sets * pages * batch.k_pool[0].numel() * batch.k_pool.element_size()
     free = torch.cuda.mem_get_info(device)[0]
     if needs > PADDED_MEMORY_SHARE * free:
-        return (f"the {mult}x wider pools need {needs / 2**30:.1f} GiB, more than "
-                f"{PADDED_MEMORY_SHARE:.0%} of the {free / 2**30:.1f} GiB free")
+        return (f"{what} take {needs / 2**30:.1f} GiB, more than {PADDED_MEMORY_SHARE:.0%} of the "
+                f"{free / 2**30:.1f} GiB free")
     return None
+
+
+def _ours_widened(sets: list[paged_batch.PagedBatch], mult: int) -> tuple[Callable, list[Callable]]:
+    return _ours([s.widened(mult) for s in sets])
 
 
 def _plan_splits(shape: Shape, device) -> int:
@@ -136,16 +142,9 @@ def _padded_bytes(shape: Shape) -> int:
     return 2 * shape.batch * shape.kv_heads * shape.kv_len * shape.head_dim * shape.element_bytes()
 
 
-def _sdpa_problem(shape: Shape, device) -> str | None:
-    if device.type != "cuda":
-        return None
+def _sdpa_needs(shape: Shape, device) -> int:
     # The padded copies of every set, and the one gathered from the pages before transposing.
-    needs = _padded_bytes(shape) * (bench.sets_for_bytes(_padded_bytes(shape), device) + 1)
-    free = torch.cuda.mem_get_info(device)[0]
-    if needs > PADDED_MEMORY_SHARE * free:
-        return (f"the padded batch needs {needs / 2**30:.1f} GiB, more than "
-                f"{PADDED_MEMORY_SHARE:.0%} of the {free / 2**30:.1f} GiB free")
-    return None
+    return _padded_bytes(shape) * (bench.sets_for_bytes(_padded_bytes(shape), device) + 1)
 
 
 def _sdpa(shape, scale, sets, device) -> tuple[Callable, list[Callable]]:
@@ -174,17 +173,16 @@ def _measure(build: Callable, device, timing: dict) -> tuple[bench.Timing, torch
             return bench.Timing.failure("failed", bench.describe_error(err)), out
 
 
-def _skip_reason(name: str, shape: Shape, device) -> str | None:
-    if name in pf.NAMES:
-        missing = pf.available()
-        if missing:
-            return missing
-        try:
-            pf.check_supported(name, shape)
-        except ValueError as err:
-            return str(err)
-        return None
-    return _sdpa_problem(shape, device)
+def _peer_problem(name: str, shape: Shape) -> str | None:
+    """Why FlashInfer's peer ``name`` cannot run this batch, or None."""
+    missing = pf.available()
+    if missing:
+        return missing
+    try:
+        pf.check_supported(name, shape)
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def _reference(batch: paged_batch.PagedBatch) -> torch.Tensor:
@@ -237,9 +235,7 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
     more row of ours (``ours_m<min>_s<max>``, ``block_kv`` 64). ``wider``: factors ``N``, each
     timed as ours behind a block table ``N`` times wider (``ours_wide<N>``: capacity invariance).
     """
-    unknown = sorted(set(peers) - set(PEERS))
-    if unknown:
-        raise ValueError(f"unknown peer(s) {unknown}; choose from {PEERS}")
+    check_peers(peers)
     if label is None:
         label = lengths if isinstance(lengths, str) else ",".join(str(n) for n in lengths)
     lengths = batches.parse_lengths(lengths) if isinstance(lengths, str) else tuple(lengths)
@@ -256,37 +252,41 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
         lengths, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, q_len=q_len, dtype=dtype,
         page_size=page_size, device=device, seed=seed)
     sets = [first] + [first.copy() for _ in range(bench.sets_for_bytes(first.live_kv_bytes, device) - 1)]
-    impls = [("ours", lambda: _ours(sets), ""),
+    # (name, build, note, why it is skipped or None)
+    impls = [("ours", lambda: _ours(sets), "", None),
              ("ours_one_split", lambda: _ours(sets, min_blocks_per_split=1, max_splits=one_split),
-              f"min_blocks_per_split=1, max_splits={one_split}")]
+              f"min_blocks_per_split=1, max_splits={one_split}", None)]
     for min_blocks, max_splits in plans:
         impls.append((f"ours_m{min_blocks}_s{max_splits}",
                       functools.partial(_ours, sets, block_kv=64, min_blocks_per_split=min_blocks,
                                         max_splits=max_splits),
-                      f"block_kv=64, min_blocks_per_split={min_blocks}, max_splits={max_splits}"))
-    wide_problems = {}
+                      f"block_kv=64, min_blocks_per_split={min_blocks}, max_splits={max_splits}", None))
+    page_bytes = first.k_pool[0].numel() * first.k_pool.element_size()
     for mult in wider:
-        name = f"ours_wide{mult}"
-        wide_problems[name] = _wide_problem(first, mult, len(sets), device)
-        impls.append((name, functools.partial(lambda m: _ours([s.widened(m) for s in sets]), mult),
-                      f"block table {mult}x wider, pools padded to its width"))
-    contiguous_note = "the same lengths in a contiguous cache (B, max_len, Hkv, D)"
-    impls.append(("ours_contiguous", lambda: _ours_contiguous(sets), contiguous_note))
+        pages = max(first.block_table.shape[1] * mult, first.k_pool.shape[0])
+        impls.append((f"ours_wide{mult}", functools.partial(_ours_widened, sets, mult),
+                      f"block table {mult}x wider, pools padded to its width",
+                      _memory_problem(2 * len(sets) * pages * page_bytes, device, f"the {mult}x wider pools")))
+    # Every set is padded into a contiguous cache of its own.
+    contiguous = _memory_problem(len(sets) * _padded_bytes(shape), device, "the padded contiguous caches")
+    impls.append(("ours_contiguous", lambda: _ours_contiguous(sets),
+                  "the same lengths in a contiguous cache (B, max_len, Hkv, D)", contiguous))
     if len(set(lengths)) == 1 and device.type == "cuda":
         splits = _plan_splits(shape, device)
         impls.append(("ours_equal_length", lambda: _ours_contiguous(sets, splits, block_kv=64),
-                      f"equal-length call, no cache_seqlens: num_splits={splits} (the plan's), block_kv=64"))
+                      f"equal-length call, no cache_seqlens: num_splits={splits} (the plan's), block_kv=64",
+                      contiguous))
         impls.append(("ours_table", lambda: _ours_contiguous(sets, 0),
-                      "equal-length call, no cache_seqlens, every tunable 'auto' (the table)"))
+                      "equal-length call, no cache_seqlens, every tunable 'auto' (the table)", contiguous))
     for name in peers:
         if name == "sdpa_cudnn":
-            impls.append((name, lambda: _sdpa(shape, scale, sets, device), SDPA_NOTE))
+            impls.append((name, lambda: _sdpa(shape, scale, sets, device), SDPA_NOTE,
+                          _memory_problem(_sdpa_needs(shape, device), device, "the padded batch's copies")))
         else:
-            impls.append((name, functools.partial(_flashinfer, name, shape, scale, sets), ""))
+            impls.append((name, functools.partial(_flashinfer, name, shape, scale, sets), "",
+                          _peer_problem(name, shape)))
     results, outputs = {}, {}
-    for name, build, note in impls:
-        reason = (_skip_reason(name, shape, device) if name in PEERS + CONTIGUOUS
-                  else wide_problems.get(name))
+    for name, build, note, reason in impls:
         if reason:
             results[name] = (bench.Timing.failure("skipped", reason), note)
             continue

@@ -16,7 +16,6 @@ cache's capacity. The knobs are fixed per call signature (and so at capture):
 from __future__ import annotations
 
 import functools
-import operator
 
 import torch
 
@@ -90,24 +89,6 @@ def explain_knobs(batch: int, head_dim: int, kv_heads: int, packed_rows: int, nu
             f"{MIN_MAX_SPLITS}), at most {tunables.MAX_SPLITS}")
 
 
-def _knob(name: str, value):
-    """``value`` as a plain int (numpy and torch integers too) or ``"auto"``; ``ValueError``
-    naming the knob otherwise."""
-    if isinstance(value, str) or isinstance(value, bool):
-        return value
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer or 'auto', got {value!r}") from None
-
-
-def _positive_int(name: str, value, upper: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (upper is not None and value > upper):
-        bound = f"an integer in [1, {upper}]" if upper is not None else "a positive integer"
-        raise ValueError(f"{name} must be {bound} or 'auto', got {value!r}")
-    return value
-
-
 @functools.lru_cache(maxsize=1024)
 def resolve_knobs(batch: int, head_dim: int, kv_heads: int, packed_rows: int, num_sms: int, block_kv="auto",
                   min_blocks_per_split="auto", max_splits="auto") -> tuple[int, int, int]:
@@ -128,36 +109,30 @@ def resolve_knobs(batch: int, head_dim: int, kv_heads: int, packed_rows: int, nu
         raise ValueError(f"block_kv must be one of {allowed} at head_dim {head_dim}, got {block_kv!r}")
     if min_blocks_per_split == "auto":
         min_blocks_per_split = max(1, default_min_keys_per_split(batch, kv_heads, packed_rows, num_sms) // block_kv)
-    _positive_int("min_blocks_per_split", min_blocks_per_split)
     if max_splits == "auto":
         max_splits = default_max_splits(batch, kv_heads, packed_rows, num_sms)
-    _positive_int("max_splits", max_splits, tunables.MAX_SPLITS)
+    plan.check_plan_knobs(block_kv, min_blocks_per_split, max_splits)
     return block_kv, min_blocks_per_split, max_splits
 
 
 def check_qkv(q, k, v) -> tuple[int, int]:
     """q ``(B, Sq, Hq, D)`` against page pools or a contiguous cache k, v; returns
     ``(kv_heads, group)``."""
-    from splitkv_tune.ops import check_tensors
+    from splitkv_tune.ops import _DTYPES, _MAX_GRID_Y, check_tensors
 
     check_tensors(q, k, v, "k_cache", "v_cache")
-    head_dim = int(q.shape[3])
-    if head_dim not in tunables.HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {tunables.HEAD_DIMS}, got {head_dim}")
-    q_heads, kv_heads = int(q.shape[2]), int(k.shape[2])
-    if min(q.shape[0], q.shape[1], q_heads, kv_heads) < 1:
-        raise ValueError(f"q and k_cache must have no empty dim, got {tuple(q.shape)} and {tuple(k.shape)}")
-    if q_heads % kv_heads:
-        raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
-    if q.shape[0] * kv_heads > 65535:
-        raise ValueError(f"batch * kv_heads must be at most 65535, got {q.shape[0] * kv_heads}")
+    batch, q_len, q_heads, head_dim = (int(x) for x in q.shape)
+    kv_heads = int(k.shape[2])
+    Shape(_DTYPES[q.dtype], head_dim, batch, q_heads, kv_heads, q_len, 1).validate()
+    if batch * kv_heads > _MAX_GRID_Y:
+        raise ValueError(f"batch * kv_heads must be at most {_MAX_GRID_Y}, got {batch * kv_heads}")
     return kv_heads, q_heads // kv_heads
 
 
 def workspace_size(q: torch.Tensor, max_splits: int) -> int:
     """Bytes of workspace one paged / variable-length call with this ``max_splits`` bound needs
     (0 for 1): the partials of every sequence's splits, sized from the bound."""
-    _positive_int("max_splits", max_splits, tunables.MAX_SPLITS)
+    plan.check_max_splits(max_splits)
     batch, q_len, q_heads, head_dim = (int(x) for x in q.shape)
     return _rules.workspace_sections(max_splits, batch, q_heads, q_len, head_dim)[2]
 
@@ -168,14 +143,13 @@ def _launch_knobs(device_index: int, dtype: str, batch: int, head_dim: int, kv_h
                   merge: str) -> tuple[int, int, int, bool]:
     # The call's signature alone decides these (evaluated once at trace time under torch.compile):
     # (block_kv, min_blocks_per_split, launch splits, fused merge).
-    from splitkv_tune.ops import _device_info
+    from splitkv_tune.ops import _device_info, resolve_merge
 
     bkv, min_blocks, bound = resolve_knobs(batch, head_dim, kv_heads, q_len * group, _device_info(device_index)[1],
                                            block_kv, min_blocks_per_split, max_splits)
     splits = _rules.live_splits(capacity, bkv, min_blocks, bound) if uniform else bound
     shape = Shape(dtype, head_dim, 1, kv_heads * group, kv_heads, q_len, capacity)
-    fused = splits > 1 and (merge == "fused" or (merge == "auto" and tunables.fused_merge_fits(shape)))
-    return bkv, min_blocks, splits, fused
+    return bkv, min_blocks, splits, resolve_merge(shape, Config(num_splits=splits), merge) == "fused"
 
 
 def launch_args(q, k, v, *, cache_seqlens, block_table, causal, block_kv, min_blocks_per_split, max_splits,
@@ -196,9 +170,8 @@ def launch_args(q, k, v, *, cache_seqlens, block_table, causal, block_kv, min_bl
     _, capacity = plan.check_live_args(q, k, cache_seqlens, block_table)
     q_len, head_dim = int(q.shape[1]), int(q.shape[3])
     block_kv, min_blocks_per_split, max_splits = (
-        _knob(name, value) for name, value in (("block_kv", block_kv), ("min_blocks_per_split", min_blocks_per_split),
+        tunables.integer_or_auto(name, value) for name, value in (("block_kv", block_kv), ("min_blocks_per_split", min_blocks_per_split),
                                                ("max_splits", max_splits)))
-    tunables.check_merge(merge)
     bkv, min_blocks, splits, fused = _launch_knobs(q.device.index, "bf16" if q.dtype == torch.bfloat16 else "fp16",
                                                    int(q.shape[0]), head_dim, kv_heads, q_len, group, capacity, block_kv,
                                                    min_blocks_per_split, max_splits, cache_seqlens is None, merge)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 
 import torch
 
@@ -115,11 +114,8 @@ def resolve_config(shape: Shape, device_index: int, num_splits="auto", block_kv=
     for name, value in given.items():
         if _is_auto(value):
             continue
-        if name != "split_policy" and not isinstance(value, bool):
-            try:
-                value = operator.index(value)  # numpy and torch integers too
-            except TypeError:
-                raise ValueError(f"{name} must be an integer or 'auto', got {value!r}") from None
+        if name != "split_policy":
+            value = tunables.integer_or_auto(name, value)
         given[name] = value
         Config(**{name: value}).validate()
     if any(_is_auto(v) for v in given.values()):

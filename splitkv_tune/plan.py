@@ -102,7 +102,9 @@ def check_live_values(k: torch.Tensor, cache_seqlens, block_table, capacity: int
     if block_table is not None:
         page_size, num_pages = int(k.shape[1]), int(k.shape[0])
         used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] * page_size
-        live = used < torch.tensor(lengths, device=block_table.device)[:, None]
+        lens = (cache_seqlens if cache_seqlens is not None
+                else torch.full((block_table.shape[0],), capacity, device=block_table.device))
+        live = used < lens[:, None]
         bad = live & ((block_table < 0) | (block_table >= num_pages))
         if bool(bad.any()):
             b, p = (int(x) for x in bad.nonzero()[0])
@@ -130,11 +132,16 @@ def check_live_batch(q: torch.Tensor, k: torch.Tensor, cache_seqlens, block_tabl
     return LiveBatch(check_live_values(k, cache_seqlens, block_table, capacity), page_size, capacity)
 
 
+def check_max_splits(max_splits: int) -> None:
+    """``ValueError`` unless ``max_splits`` is an integer in ``[1, tunables.MAX_SPLITS]``."""
+    if not isinstance(max_splits, int) or isinstance(max_splits, bool) or not 1 <= max_splits <= tunables.MAX_SPLITS:
+        raise ValueError(f"max_splits must be an integer in [1, {tunables.MAX_SPLITS}], got {max_splits!r}")
+
+
 def check_plan_knobs(block_kv: int, min_blocks_per_split: int, max_splits: int) -> None:
     """``ValueError`` naming the knob that is out of range."""
     tunables.Config(block_kv=block_kv).validate()
-    if not isinstance(max_splits, int) or isinstance(max_splits, bool) or not 1 <= max_splits <= tunables.MAX_SPLITS:
-        raise ValueError(f"max_splits must be an integer in [1, {tunables.MAX_SPLITS}], got {max_splits!r}")
+    check_max_splits(max_splits)
     if (not isinstance(min_blocks_per_split, int) or isinstance(min_blocks_per_split, bool)
             or min_blocks_per_split < 1):
         raise ValueError(f"min_blocks_per_split must be a positive integer, got {min_blocks_per_split!r}")

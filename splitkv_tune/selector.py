@@ -50,8 +50,7 @@ RESULTS_DIR = data_dir("results")
 NEIGHBOURS = 4
 Q = 16  # fractional bits of the fixed-point log2
 SK_DROP_BITS = 10  # Sk's log2 is rounded down to 2**(SK_DROP_BITS - Q) octave (1/64)
-DTYPE_CODES = {d: i for i, d in enumerate(tunables.DTYPES)}
-POLICY_CODES = {p: i for i, p in enumerate(tunables.SPLIT_POLICIES)}
+DTYPE_CODES = tunables.dtype_codes()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,8 +352,7 @@ def _new_class(shape: Shape, device_name: str, num_sms: int, key: tuple):
     from splitkv_tune.lookup import KvLenLookup
     if len(_CLASSES) >= MAX_CLASSES:
         _CLASSES.clear()
-    table = _load_cached(resolve_gpu(device_name), os.environ.get(TABLES_ENV))
-    found = _CLASSES[key] = KvLenLookup(shape, table, device_name, num_sms)
+    found = _CLASSES[key] = KvLenLookup(shape, load_table_for_gpu(device_name), device_name, num_sms)
     return found
 
 

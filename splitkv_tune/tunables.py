@@ -35,6 +35,8 @@ memory, causal tile ends, split ranges, workspace sections) are defined once, in
 """
 from __future__ import annotations
 
+import operator
+
 import dataclasses
 import math
 
@@ -178,6 +180,23 @@ def block_kvs_for(head_dim: int) -> tuple[int, ...]:
     (32, 64)
     """
     return BLOCK_KV_BY_HEAD_DIM[head_dim]
+
+
+def integer_or_auto(name: str, value):
+    """A tunable as a plain int (numpy and torch integers too; bools are left for the range
+    checks to refuse) or ``"auto"``; ``ValueError`` naming it otherwise.
+
+    >>> integer_or_auto("max_splits", 2.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: max_splits must be an integer or 'auto', got 2.5
+    """
+    if isinstance(value, (str, bool)):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer or 'auto', got {value!r}") from None
 
 
 def check_block_kv(shape: Shape, config: Config) -> Config:

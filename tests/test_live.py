@@ -30,9 +30,10 @@ def test_given_knobs_are_kept_and_bad_ones_named():
                           (dict(max_splits=True), "max_splits must be")):
         with pytest.raises(ValueError, match=match):
             live.resolve_knobs(4, 256, 8, 4, 132, **kwargs)
-    assert live._knob("max_splits", np.int32(9)) == 9 and live._knob("block_kv", "auto") == "auto"
+    assert tunables.integer_or_auto("max_splits", np.int32(9)) == 9
+    assert tunables.integer_or_auto("block_kv", "auto") == "auto"
     with pytest.raises(ValueError, match="min_blocks_per_split must be an integer or 'auto', got 2.5"):
-        live._knob("min_blocks_per_split", 2.5)
+        tunables.integer_or_auto("min_blocks_per_split", 2.5)
 
 
 def test_workspace_is_sized_from_the_bound():
