@@ -78,9 +78,9 @@ def current_winners(out_dir: Path, force: bool = False) -> pd.DataFrame | None:
         raise
 
 
-def remove_stale_temporaries(out_dir: Path, now: float | None = None) -> list[Path]:
+def remove_stale_temporaries(out_dir: Path) -> list[Path]:
     """Delete the temporary files of atomic writes that a kill left in ``out_dir``."""
-    now = time.time() if now is None else now
+    now = time.time()
     removed = []
     for folder in (Path(out_dir), Path(out_dir) / "runs"):
         if not folder.is_dir():

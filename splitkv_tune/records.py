@@ -102,10 +102,12 @@ def heartbeat(storage, trial: optuna.Trial):
         thread.join()
 
 
-def claim(trial: optuna.Trial, config: Config) -> None:
-    """Record this process as the owner of ``trial``, which measures ``config``."""
+def claim(trial: optuna.Trial, config: Config, worker: str | None = None) -> None:
+    """Record this process (and its worker name, which the progress view counts running trials
+    under) as the owner of ``trial``, which measures ``config``."""
     _ACTIVE_TRIAL_IDS.add(trial._trial_id)
-    trial.set_user_attr(OWNER_ATTR, {**this_process(), **dataclasses.asdict(config)})
+    named = {"worker": worker} if worker else {}
+    trial.set_user_attr(OWNER_ATTR, {**this_process(), **dataclasses.asdict(config), **named})
 
 
 def release(trial: optuna.Trial) -> None:
@@ -165,11 +167,11 @@ def measured_trials(study: optuna.Study) -> dict[Config, optuna.trial.FrozenTria
     return done
 
 
-def is_stale(trial: optuna.trial.FrozenTrial, now: _dt.datetime | None = None) -> bool:
+def is_stale(trial: optuna.trial.FrozenTrial) -> bool:
     """A RUNNING trial whose process is gone (see the module docstring)."""
     owner = trial.user_attrs.get(OWNER_ATTR)
     if not isinstance(owner, dict):
-        now = now or _dt.datetime.now()
+        now = _dt.datetime.now()
         started = trial.datetime_start or now
         return (now - started).total_seconds() > UNCLAIMED_S
     return owner.get("host") == platform.node() and not _process_alive(owner, trial._trial_id)

@@ -261,7 +261,7 @@ class ShapeRunner:
     def _claim(self, trial, config: Config) -> int | None:
         """Name this process as the trial's owner; the number of an earlier live trial that
         measures the same config (another sweep on the storage got there first), if any."""
-        records.claim(trial, config)
+        records.claim(trial, config, self.provenance.get("worker"))
         earlier = records.running_configs(self.study).get(config)
         return earlier if earlier is not None and earlier < trial.number else None
 

@@ -66,27 +66,35 @@ def check_joinable(plan, storage) -> None:
                           f"{plan.gpu}: a worker must run on the study's GPU model")
 
 
-def run_worker(plan, storage, run_id: str, provenance: dict, on_trial=None) -> dict:
+def run_worker(plan, storage, run_id: str, provenance: dict) -> dict:
     """Measure until no shape of ``plan`` has a config left that nobody is measuring."""
     from splitkv_tune.sweep import ShapeRunner
     device = bench.default_device(plan.backend)
     copy_bw = bench.copy_bandwidth_gbps(device, **plan.timing)
     winners = outdir.current_winners(plan.out_dir, force=True) if plan.out_dir else None
     deadline = None if plan.time_budget_s is None else time.monotonic() + plan.time_budget_s
-    totals = {"timed": 0, "recovered": 0, "copy_bw_gbps": copy_bw}
+    # Each runner's run() fails the trials of workers that died (records.recover_interrupted)
+    # before it picks a config, so the runners are built once; the benches are built per pass,
+    # so that a shape's inputs leave the device when the worker moves on.
+    runners = [(shape, ShapeRunner(plan, shape, storage, run_id, copy_bw, table.lookup_config(winners, shape),
+                                   provenance)) for shape in plan.shapes]
+    timed = _measure_until_done(runners, plan, device, deadline)
+    return {"timed": timed, "recovered": sum(runner.recovered for _, runner in runners), "copy_bw_gbps": copy_bw}
+
+
+def _measure_until_done(runners, plan, device, deadline) -> int:
+    """Passes over the shapes until none has a config left that nobody is measuring, or the
+    deadline; returns the trials timed."""
+    timed = 0
     while True:
         waiting = False
-        for shape in plan.shapes:
-            runner = ShapeRunner(plan, shape, storage, run_id, copy_bw,
-                                 table.lookup_config(winners, shape), provenance)
-            totals["recovered"] += runner.recovered
-            shape_bench = _lazy_bench(plan, shape, device)
-            totals["timed"] += runner.run(shape_bench, deadline, on_trial)
+        for shape, runner in runners:
+            timed += runner.run(_lazy_bench(plan, shape, device), deadline)
             waiting |= runner.running_elsewhere()
             if deadline is not None and time.monotonic() >= deadline:
-                return totals
+                return timed
         if not waiting:
-            return totals
+            return timed
         time.sleep(POLL_S)
 
 
@@ -168,8 +176,7 @@ def run_local(plan, storage, run_id, copy_bw, winners, quiet, rebuild) -> dict:
     from splitkv_tune.sweep import REBUILD_EVERY_S, ShapeRunner
     for shape in plan.shapes:
         ShapeRunner(plan, shape, storage, run_id, copy_bw, table.lookup_config(winners, shape))
-    target = plan.storage if storage_mod.is_rdb_url(plan.storage) \
-        else str(storage_mod.journal_path(plan.storage, plan.out_dir))
+    target = storage_mod.describe(plan.storage, plan.out_dir)
     show = not quiet if quiet is not None else sys.stderr.isatty()
     view = progress.ProgressView(storage, plan, lambda line: print(line, file=sys.stderr))
     last_rebuild = [time.monotonic()]
