@@ -24,7 +24,7 @@ import sys
 
 import click
 
-from splitkv_tune.table_schema import CONFIG_COLUMNS, SHAPE_COLUMNS, TableError
+from splitkv_tune.table_schema import CONFIG_COLUMNS, SHAPE_COLUMNS, TableError, keep_gpu
 
 DEFAULT_MIN_MARGIN = 0.01
 VERDICTS = ("regression", "improvement", "same")
@@ -47,10 +47,7 @@ def read_run(path, gpu: str | None = None):
         return heuristics_from_trials(ok, name)
     table = validate_heuristics(raw, path)
     if gpu is not None:
-        from splitkv_tune.gpus import resolve_gpu
-        table = table[table["gpu"].map(resolve_gpu) == resolve_gpu(gpu)]
-        if not len(table):
-            raise TableError(path, f"no rows for GPU {gpu!r}")
+        table = keep_gpu(table, gpu, path)
     elif len(set(table["gpu"])) > 1:
         raise TableError(path, "rows for several GPUs; pass --gpu")
     return table

@@ -28,7 +28,7 @@ from splitkv_tune import __version__, tunables
 from splitkv_tune.gpus import device_names as profile_device_names
 from splitkv_tune.selector import NEIGHBOURS, Q, SK_DROP_BITS, HeuristicTable
 from splitkv_tune.table_schema import (HEURISTICS_COLUMNS, NAME_RE, SCHEMA_VERSION, SHAPE_COLUMNS,
-                                       TableError, read_heuristics, validate_heuristics)
+                                       TableError, keep_gpu, read_heuristics, validate_heuristics)
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "heuristics.schema.json"
 
@@ -147,12 +147,5 @@ def read_table_file(path, gpu: str | None = None) -> pd.DataFrame:
         if not Path(path).is_file():
             raise TableError(path, "no such file")
         df = load_json([path])
-        if gpu is not None:
-            from splitkv_tune.gpus import resolve_gpu
-            keep = df["gpu"].map(resolve_gpu) == resolve_gpu(gpu)
-            if not keep.any():
-                raise TableError(path, f"unknown GPU {gpu!r} for this table (it has rows for: "
-                                       f"{', '.join(sorted(set(df['gpu'])))})")
-            df = df[keep].reset_index(drop=True)
-        return df
+        return df if gpu is None else keep_gpu(df, gpu, path)
     return read_heuristics(path, gpu=gpu)

@@ -235,15 +235,18 @@ def read_heuristics(path, gpu: str | None = None):
     A ``gpu`` with no rows in the table is an error naming the GPUs the table has.
     """
     df = validate_heuristics(_read_csv(path), path)
-    if gpu is not None:
-        from splitkv_tune.gpus import resolve_gpu
-        want = resolve_gpu(gpu)
-        keep = df["gpu"].map(resolve_gpu) == want
-        if not keep.any():
-            have = ", ".join(sorted(set(df["gpu"])))
-            raise TableError(path, f"unknown GPU {gpu!r} for this table (it has rows for: {have})")
-        df = df[keep].reset_index(drop=True)
-    return df
+    return df if gpu is None else keep_gpu(df, gpu, path)
+
+
+def keep_gpu(df, gpu: str, source):
+    """The rows of ``df`` (a heuristics or trials frame) for ``gpu``, under any of its names;
+    an error naming the GPUs ``df`` has when there are none."""
+    from splitkv_tune.gpus import resolve_gpu
+    keep = df["gpu"].map(resolve_gpu) == resolve_gpu(gpu)
+    if not keep.any():
+        have = ", ".join(sorted(set(df["gpu"])))
+        raise TableError(source, f"unknown GPU {gpu!r} for this table (it has rows for: {have})")
+    return df[keep].reset_index(drop=True)
 
 
 def validate_trials(df, source="<trials>"):
