@@ -4,7 +4,6 @@
 
 #include <cute/tensor.hpp>
 
-#include "splitkv/block_range.h"
 #include "splitkv/dependent_launch.h"
 #include "splitkv/kernel_traits.h"
 #include "splitkv/merge_state.h"
@@ -30,7 +29,7 @@ __global__ void __launch_bounds__(Traits::kThreads) combine_kernel(const __grid_
   int row_splits = p.num_splits;
   if (p.seqlens != nullptr) {
     const int b = int(bh / p.kv_heads);
-    row_splits = sequence_splits(p.seqlens, p.num_splits, p.block_kv, p.min_blocks_per_split, __ldg(p.seqlens + b));
+    row_splits = rules::live_splits(__ldg(p.seqlens + b), p.block_kv, p.min_blocks_per_split, p.num_splits);
     if (row_splits == 1) row_splits = 0;
   }
   // Every lane folds (fold_partials shuffles across the warp) as many rounds as the warp's
