@@ -160,7 +160,7 @@ at::Tensor checked_workspace(py::handle obj, const at::Tensor& q, int64_t nbytes
   return ws;
 }
 
-// The fused merge's counters (rules.h), from the counter pool, which never runs a kernel on the
+// The fused merge's and the schedule's counters (rules.h), from the counter pool, which never runs a kernel on the
 // caller's stream. An eager call uses one buffer per (device, stream), which every launch leaves
 // zero; calls under capture use the counters of the graph being captured, so a graph never
 // shares them with eager calls or with other graphs replayed beside it.
@@ -297,6 +297,18 @@ py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::hand
                           " and a " + std::to_string(block_m) + "-row query tile needs " + std::to_string(smem) +
                           " bytes of shared memory; this device allows " + std::to_string(smem_limit(device)));
   }
+  if (live && smem + rules::live_schedule_bytes(p.batch) > smem_limit(device)) {
+    throw py::value_error("cache_seqlens: a batch of " + std::to_string(p.batch) + " sequences needs " +
+                          std::to_string(rules::live_schedule_bytes(p.batch)) +
+                          " bytes of shared memory for its schedule beside the kernel's " + std::to_string(smem) +
+                          "; this device allows " + std::to_string(smem_limit(device)) + " in all");
+  }
+  // The item counter runs past the last item once per CTA, to at most twice the capacity.
+  if (live && 2 * rules::live_work_capacity(p.batch, p.kv_heads, p.packed_rows, num_splits) > INT32_MAX) {
+    throw py::value_error("batch * kv_heads * query tiles * max_splits must be below 2^30, got batch=" +
+                          std::to_string(p.batch) + " kv_heads=" + std::to_string(p.kv_heads) +
+                          " max_splits=" + std::to_string(num_splits));
+  }
 
   at::Tensor out = at::empty(q.sizes(), q.options());
   at::Tensor lse;
@@ -316,10 +328,13 @@ py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::hand
   p.ws_o = reinterpret_cast<float*>(base);
   p.ws_m = reinterpret_cast<float*>(base + sections.m_offset);
   p.ws_l = reinterpret_cast<float*>(base + sections.l_offset);
-  p.tile_counters = fused_merge && num_splits > 1
-                        ? tile_counters(device, stream, rules::tile_counter_count(p.batch, p.kv_heads, p.packed_rows),
-                                        captured)
-                        : nullptr;
+  // One zeroed buffer holds the fused merge's tile counters, then the schedule's work counters.
+  const int64_t tile_count =
+      fused_merge && num_splits > 1 ? rules::tile_counter_count(p.batch, p.kv_heads, p.packed_rows) : 0;
+  const int64_t counter_count = tile_count + (live ? rules::kWorkCounters : 0);
+  int* counters = counter_count > 0 ? tile_counters(device, stream, counter_count, captured) : nullptr;
+  p.tile_counters = tile_count > 0 ? counters : nullptr;
+  p.work_counters = live ? counters + tile_count : nullptr;
   set_strides(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
   set_strides(k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
   set_strides(v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);

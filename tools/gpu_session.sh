@@ -115,7 +115,7 @@ for mode in "$@"; do
       timeout ${COMPARE_BATCH_TIMEOUT:-540} splitkv-tune compare-batch --page-size 64 \
         --lengths skewed:16:65536:1024 --lengths skewed:256:131072:512 \
         --lengths geometric:8:262144:2048 --lengths uniform:16:8192 --wider 8 --wider 64 \
-        --csv "$out/compare_batch.csv" --out-md "$out/compare_batch.md" 2>&1 | tail -80 | tee "$out/compare_batch.log"
+        ${COMPARE_BATCH_ARGS:-} --csv "$out/compare_batch.csv" --out-md "$out/compare_batch.md" 2>&1 | tail -80 | tee "$out/compare_batch.log"
       ;;
     *) echo "usage: $0 MODE... (test, head-dims, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch)" >&2; exit 2 ;;
   esac

@@ -24,25 +24,31 @@ CUTE_DEVICE int sequence_splits(const int* seqlens, int num_splits, int block_kv
   return seqlens == nullptr ? num_splits : rules::live_splits(kv_len, block_kv, min_blocks_per_split, num_splits);
 }
 
-// The CTA at (blockIdx.x, blockIdx.y, z) for a sequence of kv_len keys. With live lengths the
-// grid's z runs from the highest split down, so the splits that only long sequences have are
-// scheduled first and the short sequences' single CTAs fill in behind them.
+// Split `split` of query tile m_block of (b, h_kv), for a sequence of kv_len keys.
 template <int kBlockM, int kBlockKV>
-CUTE_DEVICE SplitCta plan_cta(const SplitParams& p, int kv_len) {
+CUTE_DEVICE SplitCta make_cta(const SplitParams& p, int m_block, int b, int h_kv, int split, int kv_len) {
   SplitCta cta;
-  cta.m_block = blockIdx.x;
-  cta.b = blockIdx.y / p.kv_heads;
-  cta.h_kv = blockIdx.y % p.kv_heads;
-  cta.row0 = cta.m_block * kBlockM;
+  cta.m_block = m_block;
+  cta.b = b;
+  cta.h_kv = h_kv;
+  cta.split = split;
+  cta.row0 = m_block * kBlockM;
   cta.kv_len = kv_len;
   cta.num_splits = sequence_splits(p.seqlens, p.num_splits, kBlockKV, p.min_blocks_per_split, kv_len);
-  cta.split = p.seqlens == nullptr ? int(blockIdx.z) : int(gridDim.z - 1 - blockIdx.z);
-  const int kv_end = rules::tile_kv_end(p.causal, kv_len, p.q_len, p.group, p.packed_rows, cta.m_block);
-  const rules::KeyRange r = rules::split_range(p.seqlens == nullptr ? p.split_policy : SplitPolicy::kBlocks,
-                                               cta.split, cta.num_splits, kv_len, kv_end, kBlockKV);
+  const int kv_end = rules::tile_kv_end(p.causal, kv_len, p.q_len, p.group, p.packed_rows, m_block);
+  const rules::KeyRange r = rules::split_range(p.seqlens == nullptr ? p.split_policy : SplitPolicy::kBlocks, split,
+                                               cta.num_splits, kv_len, kv_end, kBlockKV);
   cta.range = make_int2(r.start, r.end);
   cta.n_tiles = r.end > r.start ? (r.end - r.start + kBlockKV - 1) / kBlockKV : 0;
   return cta;
+}
+
+// The CTA at (blockIdx.x, blockIdx.y, blockIdx.z) = (query tile, batch x KV head, split) of an
+// equal-length launch. Paged / variable-length launches take their work from tile_scheduler.h.
+template <int kBlockM, int kBlockKV>
+CUTE_DEVICE SplitCta grid_cta(const SplitParams& p) {
+  return make_cta<kBlockM, kBlockKV>(p, blockIdx.x, blockIdx.y / p.kv_heads, blockIdx.y % p.kv_heads, blockIdx.z,
+                                     p.kv_len);
 }
 
 }  // namespace splitkv

@@ -27,6 +27,16 @@ inline int device_major() {
   return majors[device];
 }
 
+// Multiprocessors of `device`, read once per device.
+inline int sm_count(int device) {
+  static int counts[kMaxDevices] = {};
+  const int slot = device < kMaxDevices ? device : kMaxDevices - 1;
+  if (counts[slot] == 0) {
+    check_cuda(cudaDeviceGetAttribute(&counts[slot], cudaDevAttrMultiProcessorCount, device), "multiprocessor count");
+  }
+  return counts[slot];
+}
+
 // Launches `kernel(params)`; with `programmatic` (and sm_90+), as a programmatic dependent launch
 // that may start while the previous kernel of `stream` still runs (dependent_launch.h).
 template <class Params>

@@ -18,10 +18,12 @@
 //   after every launch.
 // Paged / variable-length batches (seqlens != null): sequence b has seqlens[b] live keys and
 //   its own split count S_b = rules::live_splits(seqlens[b], block_kv, min_blocks_per_split,
-//   num_splits) (num_splits is then the bound that sizes the grid and the workspace), with
-//   kBlocks ranges over its live keys and causal masks aligned to its own end. Everything
-//   above holds per sequence with S_b for num_splits: a sequence with S_b == 1 gets its final O
-//   from the split kernel, and the merges fold S_b partials. CTAs of splits >= S_b exit.
+//   num_splits) (num_splits is then the bound that sizes the workspace), with kBlocks ranges
+//   over its live keys and causal masks aligned to its own end. Everything above holds per
+//   sequence with S_b for num_splits: a sequence with S_b == 1 gets its final O from the split
+//   kernel, and the merges fold S_b partials. The grid is persistent (rules::live_grid CTAs,
+//   tile_scheduler.h); its work counters, like the tile counters, are zero again after every
+//   launch.
 //   With block_table, key n of sequence b is row n % page_size of page
 //   block_table[b * block_table_stride + n / page_size] of the pools k and v
 //   (num_pages, page_size, Hkv, D), whose page stride is k_batch_stride / v_batch_stride.
@@ -43,6 +45,7 @@ struct SplitParams {
   float* __restrict__ ws_m;
   float* __restrict__ ws_l;
   int* __restrict__ tile_counters;  // fused merge, see above; null: the combine kernel merges
+  int* __restrict__ work_counters;  // with seqlens: rules::kWorkCounters zeroed counters (tile_scheduler.h)
 
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;

@@ -6,24 +6,47 @@
 
 namespace splitkv {
 
+// CTAs of split_kv_live_kernel<Traits> one SM holds at once with smem_bytes of dynamic shared
+// memory, asked once per device and size (a server's batch size rarely changes).
+template <class Traits>
+int live_ctas_per_sm(int device, int smem_bytes) {
+  static int sizes[kMaxDevices] = {}, counts[kMaxDevices] = {};
+  const int slot = device < kMaxDevices ? device : kMaxDevices - 1;
+  if (sizes[slot] != smem_bytes || counts[slot] == 0) {
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&counts[slot], &split_kv_live_kernel<Traits>,
+                                                             Traits::kNThreads, smem_bytes),
+               "split kernel occupancy");
+    sizes[slot] = smem_bytes;
+  }
+  return counts[slot];
+}
+
 template <typename Element, int kHeadDim, int kBlockM, int kBlockKV>
 void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmatic) {
   using Traits = SplitKernelTraits<kHeadDim, kBlockM, kBlockKV, Element>;
-  constexpr int kSmem = Traits::kSmemBytes;
-  auto kernel = &split_kv_kernel<Traits>;
-  if (kSmem > 48 * 1024) {
-    // The attribute belongs to the current device's context: set it once per device.
-    static bool configured[kMaxDevices] = {};
-    int device = 0;
-    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-    if (device >= kMaxDevices || !configured[device]) {
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+  const bool live = p.seqlens != nullptr;
+  auto kernel = live ? &split_kv_live_kernel<Traits> : &split_kv_kernel<Traits>;
+  const int smem = Traits::kSmemBytes + (live ? rules::live_schedule_bytes(p.batch) : 0);
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  if (smem > 48 * 1024) {
+    // The attribute belongs to the current device's context: raised once per device, kernel and
+    // size.
+    static int configured[2][kMaxDevices] = {};
+    int* limit = device < kMaxDevices ? &configured[live][device] : nullptr;
+    if (limit == nullptr || *limit < smem) {
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                  "split kernel shared-memory limit");
-      if (device < kMaxDevices) configured[device] = true;
+      if (limit != nullptr) *limit = smem;
     }
   }
-  const dim3 grid(p.num_m_blocks, p.batch * p.kv_heads, p.num_splits);
-  launch_kernel(kernel, p, grid, dim3(Traits::kNThreads), kSmem, stream, programmatic, "split kernel launch");
+  dim3 grid(p.num_m_blocks, p.batch * p.kv_heads, p.num_splits);
+  if (live) {
+    const int64_t capacity = rules::live_work_capacity(p.batch, p.kv_heads, p.packed_rows, p.num_splits);
+    grid = dim3(unsigned(rules::live_grid(capacity, sm_count(device),
+                                          live_ctas_per_sm<Traits>(device, smem))));
+  }
+  launch_kernel(kernel, p, grid, dim3(Traits::kNThreads), smem, stream, programmatic, "split kernel launch");
 }
 
 template <typename Element, int kHeadDim, int kBlockM, int kBlockKV>

@@ -1,0 +1,194 @@
+// The persistent schedule of a paged / variable-length launch (seqlens != null).
+//
+// Why: the grid of such a launch is fixed when a graph is captured, and a grid of one CTA per
+// (query tile, sequence x KV head, split up to max_splits) mostly retires CTAs for splits that
+// short sequences do not have. Each of those still waits for a launch slot and for the previous
+// grid before it exits: 6-13% of the time on equal lengths and a fifth of it on 128K + 255 x 512
+// (docs/NOTES.md). Here the grid holds only as many CTAs as the GPU runs at once
+// (rules::live_grid); each takes work items, one split of one query tile of one (sequence, KV
+// head), from a counter until none is left, as FlashAttention-3's varlen scheduler does.
+//
+// Order: heaviest first (longest processing time first), so that the splits of long sequences
+// start before the short sequences fill in behind them. Sequences are sorted by keys per split
+// in classes a factor 2 apart (the leading zeros of the blocks per split), in batch order
+// within a class, and each sequence's items follow one another. Every CTA builds the same
+// order from the lengths, deterministically, in shared memory: no planning kernel, no host
+// work. The order decides only which CTA runs an item, never an item's keys or the bits it
+// writes, which are the plan's (rules.h).
+//
+// The counters (next item, CTAs done) reset themselves: the last CTA to find no item left sets
+// the item counter back to 0, and the done counter wraps to 0 in that CTA's increment, so they
+// are zero again after every launch without a fill kernel (fused_merge.h does the same).
+#pragma once
+
+#include <cub/block/block_scan.cuh>
+#include <cute/tensor.hpp>
+
+#include "splitkv/block_range.h"
+#include "splitkv/params.h"
+
+namespace splitkv {
+
+// Size class of sequence b: 31 - floor(log2(keys blocks per split)), so lower is heavier; an
+// empty sequence shares the lightest class.
+CUTE_DEVICE int size_class(const SplitParams& p, int b) {
+  const int len = __ldg(p.seqlens + b);
+  const int splits = rules::live_splits(len, p.block_kv, p.min_blocks_per_split, p.num_splits);
+  const int per_split = rules::ceil_div(rules::ceil_div(len, p.block_kv), splits);
+  return per_split == 0 ? rules::kSizeClasses - 1 : __clz(per_split);
+}
+
+template <class Traits>
+class LiveScheduler {
+ public:
+  static constexpr int kNWarps = Traits::kNWarps;
+  static constexpr int kNThreads = Traits::kNThreads;
+  static_assert(rules::kSizeClasses == 32, "one class per lane");
+
+  // schedule: the rules::live_schedule_bytes(p.batch) bytes of shared memory after the split
+  // kernel's own.
+  CUTE_DEVICE LiveScheduler(const SplitParams& p, char* schedule)
+      : next_(reinterpret_cast<int*>(schedule)),
+        counts_(next_ + rules::kScheduleHeaderInts),
+        order_(counts_ + kNWarps * rules::kSizeClasses),
+        prefix_(order_ + p.batch) {}
+
+  // Sorts the batch and takes this CTA's first item into cta; false when there is none.
+  template <int kBlockM, int kBlockKV>
+  CUTE_DEVICE bool first(const SplitParams& p, SplitCta& cta) {
+    sort_by_class(p);
+    prefix_splits(p);
+    if (threadIdx.x == 0) *next_ = atomicAdd(p.work_counters, 1);
+    __syncthreads();
+    return take<kBlockM, kBlockKV>(p, cta);
+  }
+
+  // The next item, once every thread is done with the current one and with shared memory.
+  template <int kBlockM, int kBlockKV>
+  CUTE_DEVICE bool next(const SplitParams& p, SplitCta& cta) {
+    __syncthreads();
+    if (threadIdx.x == 0) *next_ = prefetched_;
+    __syncthreads();
+    return take<kBlockM, kBlockKV>(p, cta);
+  }
+
+ private:
+  // The item in *next_ (set for all threads), or false and this CTA's share of the reset.
+  template <int kBlockM, int kBlockKV>
+  CUTE_DEVICE bool take(const SplitParams& p, SplitCta& cta) {
+    const int item = *next_;
+    const int per_unit = p.kv_heads * p.num_m_blocks;
+    if (item >= prefix_[p.batch] * per_unit) {
+      if (threadIdx.x == 0) finish(p);
+      return false;
+    }
+    // Thread 0 asks for the item after this one now, so the atomic's round trip overlaps it.
+    if (threadIdx.x == 0) prefetched_ = atomicAdd(p.work_counters, 1);
+    const int unit = item / per_unit, rest = item % per_unit;
+    // The last position whose prefix is <= unit; the prefix rises strictly (every sequence has
+    // at least one split).
+    int lo = 0, hi = p.batch - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (prefix_[mid] <= unit) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    const int b = order_[lo];
+    cta = make_cta<kBlockM, kBlockKV>(p, rest % p.num_m_blocks, b, rest / p.num_m_blocks, unit - prefix_[lo],
+                                      __ldg(p.seqlens + b));
+    return true;
+  }
+
+  // This CTA will take no more items. The last one to get here resets the item counter; its
+  // increment wraps the done counter to 0. Release-acquire: every CTA's last fetch comes before
+  // the reset.
+  CUTE_DEVICE void finish(const SplitParams& p) {
+    unsigned done;
+    asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;"
+                 : "=r"(done)
+                 : "l"(p.work_counters + 1), "r"(gridDim.x - 1)
+                 : "memory");
+    if (done == gridDim.x - 1) atomicExch(p.work_counters, 0);
+  }
+
+  // order_: the batch by size class, then batch index; a stable counting sort. Warp w sorts a
+  // contiguous share of the batch: counts its classes, then, after one warp turned the counts
+  // into starting positions (class-major, warp-minor), places its sequences.
+  CUTE_DEVICE void sort_by_class(const SplitParams& p) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int share = rules::ceil_div(p.batch, kNWarps);
+    const int begin = warp * share, end = min(p.batch, begin + share);
+    int* counts = counts_ + warp * rules::kSizeClasses;  // this warp's count, later position, per class
+    counts[lane] = 0;
+    __syncwarp();
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int i0 = begin; i0 < end; i0 += 32) {
+        const int i = i0 + lane;
+        const bool valid = i < end;
+        const int c = valid ? size_class(p, i) : rules::kSizeClasses;
+        const unsigned peers = __match_any_sync(0xffffffffu, c);
+        const bool leader = valid && lane == __ffs(peers) - 1;
+        if (pass == 1 && valid) order_[counts[c] + __popc(peers & ((1u << lane) - 1))] = i;
+        __syncwarp();
+        if (leader) counts[c] += __popc(peers);
+        __syncwarp();
+      }
+      __syncthreads();
+      if (pass == 0 && warp == 0) {
+        // Lane c: the first position of class c, then of each warp's share of it.
+        int mine[kNWarps], total = 0;
+        CUTE_UNROLL
+        for (int w = 0; w < kNWarps; ++w) {
+          mine[w] = counts_[w * rules::kSizeClasses + lane];
+          total += mine[w];
+        }
+        int start = total;
+        CUTE_UNROLL
+        for (int d = 1; d < 32; d *= 2) {
+          const int below = __shfl_up_sync(0xffffffffu, start, d);
+          if (lane >= d) start += below;
+        }
+        start -= total;
+        CUTE_UNROLL
+        for (int w = 0; w < kNWarps; ++w) {
+          counts_[w * rules::kSizeClasses + lane] = start;
+          start += mine[w];
+        }
+      }
+      __syncthreads();
+    }
+  }
+
+  // prefix_[i]: the splits of the sequences before position i of order_; prefix_[batch] is the
+  // launch's (sequence, split) count.
+  CUTE_DEVICE void prefix_splits(const SplitParams& p) {
+    using BlockScan = cub::BlockScan<int, kNThreads>;
+    __shared__ typename BlockScan::TempStorage scan;
+    int running = 0;
+    for (int i0 = 0; i0 < p.batch; i0 += kNThreads) {
+      const int i = i0 + threadIdx.x;
+      int splits = 0;
+      if (i < p.batch) {
+        splits = rules::live_splits(__ldg(p.seqlens + order_[i]), p.block_kv, p.min_blocks_per_split, p.num_splits);
+      }
+      int before = 0, total = 0;
+      BlockScan(scan).ExclusiveSum(splits, before, total);
+      if (i < p.batch) prefix_[i] = running + before;
+      running += total;
+      __syncthreads();  // the scan's storage is reused
+    }
+    if (threadIdx.x == 0) prefix_[p.batch] = running;
+    __syncthreads();
+  }
+
+  int* next_;    // [1] the item every thread takes next
+  int* counts_;  // [kNWarps][kSizeClasses]
+  int* order_;   // [batch]
+  int* prefix_;  // [batch + 1]
+  int prefetched_ = 0;  // thread 0's
+};
+
+}  // namespace splitkv
