@@ -48,8 +48,9 @@ def _page_size(ctx, param, value):
 @click.option("--one-split", type=click.IntRange(1, tunables.MAX_SPLITS), default=16,
               show_default=True,
               help="S of ours_one_split (min_blocks_per_split=1, max_splits=S).")
-@click.option("--plan", "plans", multiple=True, metavar="MIN_BLOCKS:MAX_SPLITS",
-              help="Also time ours with these plan knobs (block_kv 64), one row each (ours_m<MIN>_s<MAX>).")
+@click.option("--plan", "plans", multiple=True, metavar="MIN_BLOCKS:MAX_SPLITS[:BLOCK_KV]",
+              help="Also time ours with these plan knobs (block_kv 64 unless given), one row each "
+                   "(ours_m<MIN>_s<MAX>, or ours_kv<BLOCK_KV>_m<MIN>_s<MAX>).")
 @click.option("--wider", multiple=True, type=click.IntRange(2, 1024),
               help="Also time ours behind a block table this many times wider (ours_wide<N>).")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False, allow_dash=True),
@@ -77,13 +78,16 @@ def compare_batch(batches, page_size, q_heads, kv_heads, head_dim, q_len, dtype,
     plan_knobs = []
     for text in plans:
         try:
-            min_blocks, max_splits = (int(x) for x in text.split(":"))
-            if min_blocks < 1 or not 1 <= max_splits <= tunables.MAX_SPLITS:
+            knobs = tuple(int(x) for x in text.split(":"))
+            min_blocks, max_splits, *rest = knobs
+            if (len(knobs) > 3 or min_blocks < 1 or not 1 <= max_splits <= tunables.MAX_SPLITS
+                    or any(b not in tunables.BLOCK_KV for b in rest)):
                 raise ValueError
         except ValueError:
-            raise click.BadParameter(f"expected MIN_BLOCKS:MAX_SPLITS with MIN_BLOCKS >= 1 and MAX_SPLITS in "
-                                     f"[1, {tunables.MAX_SPLITS}], got {text!r}", param_hint="--plan") from None
-        plan_knobs.append((min_blocks, max_splits))
+            raise click.BadParameter(f"expected MIN_BLOCKS:MAX_SPLITS[:BLOCK_KV] with MIN_BLOCKS >= 1, MAX_SPLITS in "
+                                     f"[1, {tunables.MAX_SPLITS}] and BLOCK_KV one of {tunables.BLOCK_KV}, got "
+                                     f"{text!r}", param_hint="--plan") from None
+        plan_knobs.append(knobs)
     check_output(csv_path, "--csv", allow_stdout=True)
     check_output(md_path, "--out-md")
     from splitkv_tune import bench

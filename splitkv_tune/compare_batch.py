@@ -223,6 +223,10 @@ def _check(name, out, expected, source, tol) -> tuple[str, float, bool]:
     return f"wrong vs {source}: max abs {err:.3g} > {tol:g}", err, False
 
 
+# block_kv of a plan row that names none.
+PLAN_BLOCK_KV = 64
+
+
 def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim: int = 128,
                       q_len: int = 1, dtype: str = "bf16", page_size: int = 64,
                       peers=DEFAULT_PEERS, one_split: int = ONE_SPLIT, device=None,
@@ -231,8 +235,9 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
     """Time ours, ours_one_split, ``peers`` and the copy floor on one batch; one row each.
 
     ``lengths`` is a ``batches`` text or a sequence of ints; ``copy_bw`` (GB/s) is measured
-    when not given. ``plans``: ``(min_blocks_per_split, max_splits)`` pairs, each timed as one
-    more row of ours (``ours_m<min>_s<max>``, ``block_kv`` 64). ``wider``: factors ``N``, each
+    when not given. ``plans``: ``(min_blocks_per_split, max_splits[, block_kv])`` tuples, each
+    timed as one more row of ours (``ours_m<min>_s<max>`` at ``block_kv`` ``PLAN_BLOCK_KV``,
+    ``ours_kv<block_kv>_m<min>_s<max>`` at another). ``wider``: factors ``N``, each
     timed as ours behind a block table ``N`` times wider (``ours_wide<N>``: capacity invariance).
     """
     check_peers(peers)
@@ -256,11 +261,13 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
     impls = [("ours", lambda: _ours(sets), "", None),
              ("ours_one_split", lambda: _ours(sets, min_blocks_per_split=1, max_splits=one_split),
               f"min_blocks_per_split=1, max_splits={one_split}", None)]
-    for min_blocks, max_splits in plans:
-        impls.append((f"ours_m{min_blocks}_s{max_splits}",
-                      functools.partial(_ours, sets, block_kv=64, min_blocks_per_split=min_blocks,
+    for min_blocks, max_splits, *rest in plans:
+        block_kv = rest[0] if rest else PLAN_BLOCK_KV
+        prefix = "ours" if block_kv == PLAN_BLOCK_KV else f"ours_kv{block_kv}"
+        impls.append((f"{prefix}_m{min_blocks}_s{max_splits}",
+                      functools.partial(_ours, sets, block_kv=block_kv, min_blocks_per_split=min_blocks,
                                         max_splits=max_splits),
-                      f"block_kv=64, min_blocks_per_split={min_blocks}, max_splits={max_splits}", None))
+                      f"block_kv={block_kv}, min_blocks_per_split={min_blocks}, max_splits={max_splits}", None))
     page_bytes = first.k_pool[0].numel() * first.k_pool.element_size()
     for mult in wider:
         pages = max(first.block_table.shape[1] * mult, first.k_pool.shape[0])

@@ -86,7 +86,7 @@ def test_default_peers_are_the_modules():
     assert tuple(default.split(",")) == compare_batch.DEFAULT_PEERS
 
 
-@pytest.mark.parametrize("value", ["4", "0:8", "4:0", "4:129", "a:b", "1:2:3"])
+@pytest.mark.parametrize("value", ["4", "0:8", "4:0", "4:129", "a:b", "1:2:3", "1:2:64:1"])
 def test_bad_plan_knobs(value, assert_clear_error):
     assert_clear_error(invoke("--lengths", "4", "--plan", value), "--plan", "MIN_BLOCKS:MAX_SPLITS")
 

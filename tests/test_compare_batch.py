@@ -163,8 +163,10 @@ def test_wider_tables_get_one_row_each(calls):
 
 
 def test_plan_knobs_get_one_row_each(calls):
-    frame = cb.run_compare_batch("40,7x3", peers=(), one_split=4, plans=[(2, 8), (16, 1)], **DIMS)
+    frame = cb.run_compare_batch("40,7x3", peers=(), one_split=4, plans=[(2, 8), (16, 1), (4, 8, 128)], **DIMS)
     rows = _by_impl(frame)
-    assert list(rows) == ["ours", "ours_one_split", "ours_m2_s8", "ours_m16_s1", "ours_contiguous", "copy_floor"]
+    assert list(rows) == ["ours", "ours_one_split", "ours_m2_s8", "ours_m16_s1", "ours_kv128_m4_s8",
+                          "ours_contiguous", "copy_floor"]
     assert rows["ours_m2_s8"]["note"] == "block_kv=64, min_blocks_per_split=2, max_splits=8"
+    assert rows["ours_kv128_m4_s8"]["note"] == "block_kv=128, min_blocks_per_split=4, max_splits=8"
     assert rows["ours_m16_s1"]["status"] == "ok"
