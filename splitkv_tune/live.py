@@ -28,10 +28,12 @@ WAVES_PER_SEQUENCE = 2
 # tile) count as if each sequence held TYPICAL_LEN keys (docs/PERFORMANCE.md, the paged batches).
 MIN_KEYS_PER_SPLIT = (256, 1024)
 TYPICAL_LEN = 2048
-# The "auto" max_splits keeps the grid within GRID_CTAS_PER_SM CTAs per SM (every CTA past its
-# sequence's splits still costs a launch and a read of its length), but never below
-# MIN_MAX_SPLITS, so that a long sequence in a large batch still splits.
-GRID_CTAS_PER_SM = 32
+# The "auto" max_splits keeps the plan's capacity (batch x KV heads x query tiles x max_splits
+# work items, which sizes the workspace) within CAPACITY_ITEMS_PER_SM per SM: in a large batch
+# more splits of its long sequences measured slower (128K + 255 x 512: 262.6 µs at 16 splits,
+# 276.4 at 64, docs/PERFORMANCE.md). Never below MIN_MAX_SPLITS, so that a long sequence in a
+# large batch still splits.
+CAPACITY_ITEMS_PER_SM = 32
 MIN_MAX_SPLITS = 16
 
 
@@ -53,8 +55,8 @@ def default_min_keys_per_split(batch: int, kv_heads: int, packed_rows: int, num_
 
 def default_max_splits(batch: int, kv_heads: int, packed_rows: int, num_sms: int) -> int:
     """The ``"auto"`` bound on splits: ``WAVES_PER_SEQUENCE`` waves of ``num_sms`` CTAs for one
-    sequence on its own, lowered for a large batch so that the grid stays within
-    ``GRID_CTAS_PER_SM`` CTAs per SM, but not below ``MIN_MAX_SPLITS``; at most
+    sequence on its own, lowered for a large batch so that its capacity stays within
+    ``CAPACITY_ITEMS_PER_SM`` work items per SM, but not below ``MIN_MAX_SPLITS``; at most
     ``tunables.MAX_SPLITS``.
 
     >>> [default_max_splits(b, 8, 4, 132) for b in (1, 16, 32, 256)]
@@ -66,10 +68,10 @@ def default_max_splits(batch: int, kv_heads: int, packed_rows: int, num_sms: int
 
 
 def _max_splits_bounds(batch: int, kv_heads: int, packed_rows: int, num_sms: int) -> tuple[int, int]:
-    """(splits that give one sequence WAVES_PER_SEQUENCE waves, the grid cap)."""
+    """(splits that give one sequence WAVES_PER_SEQUENCE waves, the capacity cap)."""
     tiles = kv_heads * _rules.num_m_blocks(packed_rows)
     return (-(-WAVES_PER_SEQUENCE * num_sms // tiles),
-            max(MIN_MAX_SPLITS, GRID_CTAS_PER_SM * num_sms // (batch * tiles)))
+            max(MIN_MAX_SPLITS, CAPACITY_ITEMS_PER_SM * num_sms // (batch * tiles)))
 
 
 def explain_knobs(batch: int, head_dim: int, kv_heads: int, packed_rows: int, num_sms: int) -> str:
@@ -80,12 +82,12 @@ def explain_knobs(batch: int, head_dim: int, kv_heads: int, packed_rows: int, nu
     """
     bkv, min_blocks, bound = resolve_knobs(batch, head_dim, kv_heads, packed_rows, num_sms)
     tiles = kv_heads * _rules.num_m_blocks(packed_rows)
-    one_sequence, grid_cap = _max_splits_bounds(batch, kv_heads, packed_rows, num_sms)
+    one_sequence, capacity_cap = _max_splits_bounds(batch, kv_heads, packed_rows, num_sms)
     low, high = MIN_KEYS_PER_SPLIT
     return (f"block_kv {bkv} (the paged default); keys per split {min_blocks * bkv}: {batch * tiles} (sequence, "
             f"KV head, query tile) CTAs of {TYPICAL_LEN} keys over {WAVES_PER_SEQUENCE} waves of {num_sms} SMs, "
             f"within [{low}, {high}]; max_splits {bound}: {WAVES_PER_SEQUENCE} waves for one sequence give "
-            f"{one_sequence}, a grid of at most {GRID_CTAS_PER_SM} CTAs per SM {grid_cap} (at least "
+            f"{one_sequence}, at most {CAPACITY_ITEMS_PER_SM} work items per SM {capacity_cap} (at least "
             f"{MIN_MAX_SPLITS}), at most {tunables.MAX_SPLITS}")
 
 
