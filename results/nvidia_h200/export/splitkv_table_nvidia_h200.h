@@ -155,6 +155,32 @@ SPLITKV_HOST_DEVICE constexpr int live_splits(int live_len, int block_kv, int mi
   return splits < 1 ? 1 : (splits > max_splits ? max_splits : splits);
 }
 
+// The persistent schedule of a paged / variable-length launch (tile_scheduler.h). Its shared
+// memory, after the split kernel's own: a header (the next work item), the sequences' size
+// classes counted per warp, the batch in schedule order and that order's prefix of splits.
+inline constexpr int kScheduleHeaderInts = 4;
+inline constexpr int kSizeClasses = 32;
+SPLITKV_HOST_DEVICE constexpr int live_schedule_bytes(int batch) {
+  const int ints = kScheduleHeaderInts + kNumWarps * kSizeClasses + 2 * batch + 1;
+  return (4 * ints + 15) / 16 * 16;
+}
+
+// Its two self-resetting counters: the next work item and the CTAs that found none left.
+inline constexpr int kWorkCounters = 2;
+
+// Work items (one split of one query tile of one (sequence, KV head)) when every sequence has
+// max_splits splits: the most a launch can have.
+SPLITKV_HOST_DEVICE constexpr int64_t live_work_capacity(int batch, int kv_heads, int packed_rows, int max_splits) {
+  return int64_t(batch) * kv_heads * num_m_blocks(packed_rows) * max_splits;
+}
+
+// CTAs of a paged / variable-length launch: as many as the GPU holds at once, or the capacity
+// when that is fewer. More would only queue behind the first wave for items that are gone.
+SPLITKV_HOST_DEVICE constexpr int64_t live_grid(int64_t capacity_items, int num_sms, int ctas_per_sm) {
+  const int64_t resident = int64_t(num_sms) * (ctas_per_sm < 1 ? 1 : ctas_per_sm);
+  return capacity_items < resident ? capacity_items : resident;
+}
+
 // Lanes that fold one row of the partials together (merge_state.h; the combine kernel and the
 // fused merge lay their threads out by it, so both fold alike): one float4 each at head dims
 // 64 and 128, a warp's 32 lanes with wider shares at 96 and 256.
