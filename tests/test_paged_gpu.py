@@ -103,7 +103,9 @@ def test_head_dims_gqa_ratios_and_merges(ops, cuda_gen, head_dim, heads, merge):
         _check(q, out, lse, keys, lengths, False)
 
 
-@pytest.mark.parametrize("batch", [1, 2, 7, 64, 96])
+# 300 and 1100: more sequences than a CTA has threads (the schedule's scan takes several rounds)
+# and more than a warp's 32 per share of its sort.
+@pytest.mark.parametrize("batch", [1, 2, 7, 64, 96, 300, 1100])
 def test_batch_sizes_with_random_lengths(ops, cuda_gen, batch):
     rng = random.Random(batch)
     lengths = [rng.choice([0, 1, rng.randrange(1, 300), rng.randrange(1, 9000)]) for _ in range(batch)]
@@ -248,6 +250,17 @@ def _bad_calls(q, k, v, table, seqlens):
     yield "split_policy must be", dict(cache_seqlens=seqlens, block_table=table, split_policy="length")
     yield "exceeds the cache's capacity", dict(cache_seqlens=seqlens + 10_000, block_table=table)
     yield "is not a page of the pool", dict(cache_seqlens=seqlens, block_table=table * 0 + k.shape[0])
+
+
+def test_a_batch_whose_schedule_does_not_fit_is_refused(ops):
+    # 8 bytes of the persistent schedule's shared memory per sequence (rules.h): 32768 sequences
+    # need 256 KiB, more than any GPU gives a CTA.
+    batch = 32768
+    q = torch.zeros(batch, 1, 1, 64, dtype=torch.bfloat16, device="cuda")
+    k = torch.zeros(batch, 16, 1, 64, dtype=torch.bfloat16, device="cuda")
+    seqlens = torch.ones(batch, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="cache_seqlens: a batch of 32768 sequences needs"):
+        ops.splitkv_attention(q, k, k, cache_seqlens=seqlens)
 
 
 def test_bad_live_arguments_raise_naming_them(ops, cuda_gen):
