@@ -8,7 +8,9 @@
 # (~3 min); evaluate: selector regret on the GPU (~2 min); breakdown: kernel time per call
 # (~1.5 min); compare: quick grid and causal prefill against the peers (~6 min); compare-batch:
 # the paged kernel on the skewed batches and a uniform one vs FlashInfer and padded cuDNN
-# SDPA (~5 min, FlashInfer's JIT included; compare_batch.md/.csv). The build
+# SDPA (~5 min, FlashInfer's JIT included; compare_batch.md/.csv); compare-batch-small: single
+# sequences, 64 x 2K and a log-normal batch vs FlashInfer (~2 min). COMPARE_BATCH_ARGS adds
+# options (e.g. --plan 4:64 --peers ""). The build
 # takes ~1.5 min first.
 # Offline hosts: carry the wheels of gpu-wheelhouse.sh in .whl/ (installed to /tmp/site first).
 # Logs are written to a scratch folder and, after every step, packed with results/<gpu> into
@@ -117,7 +119,15 @@ for mode in "$@"; do
         --lengths geometric:8:262144:2048 --lengths uniform:16:8192 --wider 8 --wider 64 \
         ${COMPARE_BATCH_ARGS:-} --csv "$out/compare_batch.csv" --out-md "$out/compare_batch.md" 2>&1 | tail -80 | tee "$out/compare_batch.log"
       ;;
-    *) echo "usage: $0 MODE... (test, head-dims, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch)" >&2; exit 2 ;;
+    compare-batch-small)
+      # One sequence of 4K and of 32K, 64 x 2K and a log-normal batch (mean 4K): the paged kernel
+      # where the batch holds few items or equal lengths, beside the equal-length call.
+      timeout ${COMPARE_BATCH_TIMEOUT:-300} splitkv-tune compare-batch --page-size 64 \
+        --lengths 4096 --lengths 32768 --lengths uniform:64:2048 --lengths lognormal:32:4096:1.0 \
+        --peers flashinfer_decode_tc,flashinfer_xqa --one-split 8 ${COMPARE_BATCH_ARGS:-} \
+        --csv "$out/compare_batch_small.csv" --out-md "$out/compare_batch_small.md" 2>&1 | tail -60 | tee "$out/compare_batch_small.log"
+      ;;
+    *) echo "usage: $0 MODE... (test, head-dims, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small)" >&2; exit 2 ;;
   esac
   pack
 done
