@@ -160,14 +160,14 @@ at::Tensor checked_workspace(py::handle obj, const at::Tensor& q, int64_t nbytes
   return ws;
 }
 
-// The fused merge's and the schedule's counters (rules.h), from the counter pool, which never runs a kernel on the
-// caller's stream. An eager call uses one buffer per (device, stream), which every launch leaves
-// zero; calls under capture use the counters of the graph being captured, so a graph never
-// shares them with eager calls or with other graphs replayed beside it.
+// The fused merge's and the schedule's counters (rules.h), from the counter pool, which never
+// runs a kernel on the caller's stream. An eager call uses one buffer per (device, stream), which
+// every launch leaves zero; calls under capture use the counters of the graph being captured, so
+// a graph never shares them with eager calls or with other graphs replayed beside it.
 std::mutex eager_counters_mutex;
 std::map<StreamKey, std::pair<int*, int64_t>>* eager_counters = new std::map<StreamKey, std::pair<int*, int64_t>>();
 
-int* tile_counters(int device, cudaStream_t stream, int64_t count, bool captured) {
+int* launch_counters(int device, cudaStream_t stream, int64_t count, bool captured) {
   if (captured) return graph_counters(device, stream, count);
   std::lock_guard<std::mutex> lock(eager_counters_mutex);
   auto& [counters, capacity] = (*eager_counters)[{device, stream}];
@@ -332,7 +332,7 @@ py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::hand
   const int64_t tile_count =
       fused_merge && num_splits > 1 ? rules::tile_counter_count(p.batch, p.kv_heads, p.packed_rows) : 0;
   const int64_t counter_count = tile_count + (live ? rules::kWorkCounters : 0);
-  int* counters = counter_count > 0 ? tile_counters(device, stream, counter_count, captured) : nullptr;
+  int* counters = counter_count > 0 ? launch_counters(device, stream, counter_count, captured) : nullptr;
   p.tile_counters = tile_count > 0 ? counters : nullptr;
   p.work_counters = live ? counters + tile_count : nullptr;
   set_strides(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);

@@ -29,7 +29,7 @@
 
 namespace splitkv {
 
-// Size class of sequence b: 31 - floor(log2(keys blocks per split)), so lower is heavier; an
+// Size class of sequence b: 31 - floor(log2(its KV blocks per split)), so lower is heavier; an
 // empty sequence shares the lightest class.
 CUTE_DEVICE int size_class(const SplitParams& p, int b) {
   const int len = __ldg(p.seqlens + b);
