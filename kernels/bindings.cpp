@@ -194,17 +194,6 @@ std::vector<int> read_eager_counters(int device, std::uintptr_t stream) {
   return values;
 }
 
-int smem_limit(int device) {
-  static int limits[kMaxDevices] = {};
-  int limit = device >= 0 && device < kMaxDevices ? limits[device] : 0;
-  if (limit == 0) {
-    check_cuda(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-               "shared-memory limit of the device");
-    if (device >= 0 && device < kMaxDevices) limits[device] = limit;
-  }
-  return limit;
-}
-
 void set_strides(const at::Tensor& t, int64_t& batch, int64_t& row, int64_t& head) {
   batch = t.stride(0);
   row = t.stride(1);
@@ -292,16 +281,10 @@ py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::hand
   }
   const auto dtype = static_cast<DType>(dtype_code(q.scalar_type()));
   const int smem = rules::smem_bytes(int(q.element_size()), head_dim, block_m, block_kv);
-  if (smem > smem_limit(device)) {
+  if (smem > smem_optin_limit(device)) {
     throw py::value_error("block_kv=" + std::to_string(block_kv) + " with head_dim=" + std::to_string(head_dim) +
                           " and a " + std::to_string(block_m) + "-row query tile needs " + std::to_string(smem) +
-                          " bytes of shared memory; this device allows " + std::to_string(smem_limit(device)));
-  }
-  if (live && smem + rules::live_schedule_bytes(p.batch) > smem_limit(device)) {
-    throw py::value_error("cache_seqlens: a batch of " + std::to_string(p.batch) + " sequences needs " +
-                          std::to_string(rules::live_schedule_bytes(p.batch)) +
-                          " bytes of shared memory for its schedule beside the kernel's " + std::to_string(smem) +
-                          "; this device allows " + std::to_string(smem_limit(device)) + " in all");
+                          " bytes of shared memory; this device allows " + std::to_string(smem_optin_limit(device)));
   }
   // The item counter runs past the last item once per CTA, to at most twice the capacity.
   if (live && 2 * rules::live_work_capacity(p.batch, p.kv_heads, p.packed_rows, num_splits) > INT32_MAX) {

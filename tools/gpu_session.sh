@@ -10,7 +10,7 @@
 # the paged kernel on the issue's skewed batches and a uniform one vs FlashInfer and padded cuDNN
 # SDPA (~5 min, FlashInfer's JIT included; compare_batch.md/.csv); compare-batch-small: single
 # sequences, 64 x 2K and a log-normal batch vs FlashInfer (~2 min). COMPARE_BATCH_ARGS adds
-# options (e.g. --plan 4:64 --peers ""). The build
+# options (e.g. --plan 4:64 --peers sdpa_cudnn). The build
 # takes ~1.5 min first.
 # Offline hosts: carry the wheels of gpu-wheelhouse.sh in .whl/ (installed to /tmp/site first).
 # Logs are written to a scratch folder and, after every step, packed with results/<gpu> into
@@ -39,6 +39,14 @@ clock_log=$!
 pack() { tar czf "$dest/session.tgz" -C "$out" . $( [ -d "results/$gpu" ] && echo "-C $PWD results/$gpu" ); }
 trap 'kill $clock_log 2>/dev/null; pack' EXIT
 small_decode="1 8 1 4096|1 8 1 16384|1 8 1 65536|1 32 1 4096|4 8 1 4096|4 8 1 16384|1 8 4 16384|1 8 16 16384 --causal"
+# compare_batch NAME TIMEOUT ARGS...: splitkv-tune compare-batch at page 64 with ARGS and
+# $COMPARE_BATCH_ARGS (its timeout: $COMPARE_BATCH_TIMEOUT or TIMEOUT seconds), into NAME.{csv,md,log}.
+compare_batch() {
+  local name=$1 limit=$2
+  shift 2
+  timeout ${COMPARE_BATCH_TIMEOUT:-$limit} splitkv-tune compare-batch --page-size 64 "$@" ${COMPARE_BATCH_ARGS:-} \
+    --csv "$out/$name.csv" --out-md "$out/$name.md" 2>&1 | tail -80 | tee "$out/$name.log"
+}
 for mode in "$@"; do
   case "$mode" in
     test)
@@ -114,18 +122,14 @@ for mode in "$@"; do
     compare-batch)
       # One 64K and fifteen 1K, one 128K and 255 of 512, eight from 256K down to 2K, and 16 x 8K;
       # ours also behind tables 8x and 64x wider (capacity invariance).
-      timeout ${COMPARE_BATCH_TIMEOUT:-540} splitkv-tune compare-batch --page-size 64 \
-        --lengths skewed:16:65536:1024 --lengths skewed:256:131072:512 \
-        --lengths geometric:8:262144:2048 --lengths uniform:16:8192 --wider 8 --wider 64 \
-        ${COMPARE_BATCH_ARGS:-} --csv "$out/compare_batch.csv" --out-md "$out/compare_batch.md" 2>&1 | tail -80 | tee "$out/compare_batch.log"
+      compare_batch compare_batch 540 --lengths skewed:16:65536:1024 --lengths skewed:256:131072:512 \
+        --lengths geometric:8:262144:2048 --lengths uniform:16:8192 --wider 8 --wider 64
       ;;
     compare-batch-small)
       # One sequence of 4K and of 32K, 64 x 2K and a log-normal batch (mean 4K): the paged kernel
       # where the batch holds few items or equal lengths, beside the equal-length call.
-      timeout ${COMPARE_BATCH_TIMEOUT:-300} splitkv-tune compare-batch --page-size 64 \
-        --lengths 4096 --lengths 32768 --lengths uniform:64:2048 --lengths lognormal:32:4096:1.0 \
-        --peers flashinfer_decode_tc,flashinfer_xqa --one-split 8 ${COMPARE_BATCH_ARGS:-} \
-        --csv "$out/compare_batch_small.csv" --out-md "$out/compare_batch_small.md" 2>&1 | tail -60 | tee "$out/compare_batch_small.log"
+      compare_batch compare_batch_small 300 --lengths 4096 --lengths 32768 --lengths uniform:64:2048 \
+        --lengths lognormal:32:4096:1.0 --peers flashinfer_decode_tc,flashinfer_xqa --one-split 8
       ;;
     *) echo "usage: $0 MODE... (test, head-dims, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small)" >&2; exit 2 ;;
   esac

@@ -37,6 +37,17 @@ inline int sm_count(int device) {
   return counts[slot];
 }
 
+// Shared memory one CTA may opt in to on `device`, read once per device.
+inline int smem_optin_limit(int device) {
+  static int limits[kMaxDevices] = {};
+  const int slot = device < kMaxDevices ? device : kMaxDevices - 1;
+  if (limits[slot] == 0) {
+    check_cuda(cudaDeviceGetAttribute(&limits[slot], cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+               "shared-memory limit of the device");
+  }
+  return limits[slot];
+}
+
 // Launches `kernel(params)`; with `programmatic` (and sm_90+), as a programmatic dependent launch
 // that may start while the previous kernel of `stream` still runs (dependent_launch.h).
 template <class Params>

@@ -1,6 +1,9 @@
 // Launch template of the split kernel; one explicit instantiation per generated .cu file.
 #pragma once
 
+#include <stdexcept>
+#include <string>
+
 #include "splitkv/launch_utils.h"
 #include "splitkv/split_kernel.h"
 
@@ -21,6 +24,14 @@ int live_ctas_per_sm(int device, int smem_bytes) {
   return counts[slot];
 }
 
+// Static shared memory of split_kv_live_kernel<Traits>, beside its dynamic shared memory.
+template <class Traits>
+int live_static_smem_bytes() {
+  cudaFuncAttributes attributes{};
+  check_cuda(cudaFuncGetAttributes(&attributes, &split_kv_live_kernel<Traits>), "split kernel attributes");
+  return int(attributes.sharedSizeBytes);
+}
+
 template <typename Element, int kHeadDim, int kBlockM, int kBlockKV>
 void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmatic) {
   using Traits = SplitKernelTraits<kHeadDim, kBlockM, kBlockKV, Element>;
@@ -29,6 +40,18 @@ void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmat
   const int smem = Traits::kSmemBytes + (live ? rules::live_schedule_bytes(p.batch) : 0);
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  if (live) {
+    // The schedule grows with the batch; the live kernel's static shared memory (CUB's scan
+    // storage) counts against the same limit.
+    static const int static_smem = live_static_smem_bytes<Traits>();
+    if (smem + static_smem > smem_optin_limit(device)) {
+      throw std::invalid_argument("cache_seqlens: a batch of " + std::to_string(p.batch) + " sequences needs " +
+                                  std::to_string(rules::live_schedule_bytes(p.batch)) +
+                                  " bytes of shared memory for its schedule beside the kernel's " +
+                                  std::to_string(Traits::kSmemBytes + static_smem) + "; this device allows " +
+                                  std::to_string(smem_optin_limit(device)) + " in all");
+    }
+  }
   if (smem > 48 * 1024) {
     // The attribute belongs to the current device's context: raised once per device, kernel and
     // size.
