@@ -9,9 +9,9 @@ cache's capacity. The knobs are fixed per call signature (and so at capture):
 * ``block_kv`` (keys per pipeline tile): ``"auto"`` is :data:`DEFAULT_BLOCK_KV`.
 * ``min_blocks_per_split``: a sequence gets one split per this many blocks of ``block_kv``
   keys; ``"auto"`` is :func:`default_min_keys_per_split`'s keys' worth.
-* ``max_splits``: the bound on any sequence's splits, which sizes the grid and the workspace;
-  ``"auto"`` is :func:`default_max_splits` (enough splits for one sequence to fill the GPU
-  twice over, fewer in a large batch).
+* ``max_splits``: the bound on any sequence's splits, which sizes the workspace (the grid is
+  persistent, ``tile_scheduler.h``); ``"auto"`` is :func:`default_max_splits` (enough splits
+  for one sequence to fill the GPU twice over, fewer in a large batch).
 """
 from __future__ import annotations
 
@@ -160,6 +160,8 @@ def launch_args(q, k, v, *, cache_seqlens, block_table, causal, block_kv, min_bl
     arguments after ``softmax_scale``: ``(splits, block_kv, reduce_threads, policy code, fused,
     cache_seqlens, block_table, min_blocks_per_split)``. Without ``cache_seqlens`` every sequence
     holds the cache's whole capacity: one split count for the batch, from the plan."""
+    from splitkv_tune.ops import _DTYPES
+
     kv_heads, group = check_qkv(q, k, v)
     if not (isinstance(num_splits, str) and num_splits == "auto"):
         raise ValueError("num_splits applies to equal-length batches; a paged or variable-length batch is "
@@ -171,12 +173,11 @@ def launch_args(q, k, v, *, cache_seqlens, block_table, causal, block_kv, min_bl
         raise TypeError(f"check_inputs must be True or False, got {check_inputs!r}")
     _, capacity = plan.check_live_args(q, k, cache_seqlens, block_table)
     q_len, head_dim = int(q.shape[1]), int(q.shape[3])
-    block_kv, min_blocks_per_split, max_splits = (
-        tunables.integer_or_auto(name, value) for name, value in (("block_kv", block_kv), ("min_blocks_per_split", min_blocks_per_split),
-                                               ("max_splits", max_splits)))
-    bkv, min_blocks, splits, fused = _launch_knobs(q.device.index, "bf16" if q.dtype == torch.bfloat16 else "fp16",
-                                                   int(q.shape[0]), head_dim, kv_heads, q_len, group, capacity, block_kv,
-                                                   min_blocks_per_split, max_splits, cache_seqlens is None, merge)
+    knobs = {"block_kv": block_kv, "min_blocks_per_split": min_blocks_per_split, "max_splits": max_splits}
+    block_kv, min_blocks_per_split, max_splits = (tunables.integer_or_auto(n, v) for n, v in knobs.items())
+    bkv, min_blocks, splits, fused = _launch_knobs(q.device.index, _DTYPES[q.dtype], int(q.shape[0]), head_dim,
+                                                   kv_heads, q_len, group, capacity, block_kv, min_blocks_per_split,
+                                                   max_splits, cache_seqlens is None, merge)
     threads = 128 if reduce_threads == "auto" else reduce_threads
     Config(reduce_threads=threads).validate()
     if check_inputs and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():

@@ -320,11 +320,12 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
     (``live_splits(len, block_kv, min_blocks_per_split, max_splits)``; see
     :mod:`splitkv_tune.live` for the ``"auto"`` knobs), so a captured graph replays any mix
     of lengths; ``num_splits`` and ``split_policy`` do not apply. ``max_splits`` sizes the
-    grid and the workspace (``live.workspace_size(q, max_splits)``). A sequence's output bits
-    depend only on its own q, keys, length and the knobs, never on the other sequences'
-    lengths or the table's width; the ``"auto"`` knobs follow the batch size B (fixed in a
-    captured graph), so pass them explicitly for bits that do not change with B either. ``check_inputs`` (default True): read the lengths and the table to the host
-    and raise ``ValueError`` for a length above the capacity or a live page outside the pool;
+    workspace (``live.workspace_size(q, max_splits)``). A sequence's output bits depend only
+    on its own q, keys, length and the knobs, never on the other sequences' lengths or the
+    table's width; the ``"auto"`` knobs follow the batch size B (fixed in a captured graph),
+    so pass them explicitly for bits that do not change with B either. ``check_inputs``
+    (default True): read the lengths and the table to the host and raise ``ValueError`` for
+    a length above the capacity or a live page outside the pool;
     skipped under CUDA-graph capture and ``torch.compile``, and when False (then a wrong table
     is the caller's out-of-bounds read).
     """
