@@ -11,7 +11,7 @@
 # SDPA (~5 min, FlashInfer's JIT included; compare_batch.md/.csv); compare-batch-small: single
 # sequences, 64 x 2K and a log-normal batch vs FlashInfer (~2 min). COMPARE_BATCH_ARGS adds
 # options (e.g. --plan 4:64 --peers sdpa_cudnn). The build
-# takes ~1.5 min first.
+# takes ~2.5 min first (wheels installed, two split kernels per instantiation).
 # Offline hosts: carry the wheels of gpu-wheelhouse.sh in .whl/ (installed to /tmp/site first).
 # Logs are written to a scratch folder and, after every step, packed with results/<gpu> into
 # one file, $OUT/session.tgz (default ./gpu-out): the GPU host returns only a few files per call.
