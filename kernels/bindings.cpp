@@ -8,10 +8,13 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -61,9 +64,13 @@ const at::Tensor& tensor_arg(py::handle obj, const char* name) {
   return t;
 }
 
-// The checks of ops.problem_shape, in C++: returns (dtype code, head_dim, batch, q_heads,
-// kv_heads, q_len, kv_len, device index).
-py::tuple check_problem(py::handle q_obj, py::handle k_obj, py::handle v_obj) {
+// A call's problem dims, checked as ops.problem_shape checks them.
+struct Dims {
+  int dtype, device;
+  int64_t head_dim, batch, q_heads, kv_heads, q_len, kv_len;
+};
+
+Dims checked_dims(py::handle q_obj, py::handle k_obj, py::handle v_obj) {
   const at::Tensor& q = tensor_arg(q_obj, "q");
   const at::Tensor& k = tensor_arg(k_obj, "k");
   const at::Tensor& v = tensor_arg(v_obj, "v");
@@ -78,39 +85,38 @@ py::tuple check_problem(py::handle q_obj, py::handle k_obj, py::handle v_obj) {
   if (k.sizes() != v.sizes()) {
     throw py::value_error("k and v must have the same shape, got " + shape_str(k) + " and " + shape_str(v));
   }
-  const int64_t batch = q.size(0), q_len = q.size(1), q_heads = q.size(2), head_dim = q.size(3);
-  const int64_t kv_len = k.size(1), kv_heads = k.size(2);
-  if (k.size(0) != batch) {
+  const Dims d{dtype_code(q.scalar_type()), int(q.device().index()), q.size(3), q.size(0), q.size(2), k.size(2),
+               q.size(1), k.size(1)};
+  if (k.size(0) != d.batch) {
     throw py::value_error("k batch (" + std::to_string(k.size(0)) + ") must equal q batch (" +
-                          std::to_string(batch) + ")");
+                          std::to_string(d.batch) + ")");
   }
-  if (k.size(3) != head_dim) {
+  if (k.size(3) != d.head_dim) {
     throw py::value_error("k head_dim (" + std::to_string(k.size(3)) + ") must equal q head_dim (" +
-                          std::to_string(head_dim) + ")");
+                          std::to_string(d.head_dim) + ")");
   }
-  if (!is_allowed(kHeadDims, int(head_dim))) {
+  if (!is_allowed(kHeadDims, int(d.head_dim))) {
     std::string allowed;
-    for (int d : kHeadDims) allowed += (allowed.empty() ? "" : ", ") + std::to_string(d);
-    throw py::value_error("head_dim must be one of (" + allowed + "), got " + std::to_string(head_dim));
+    for (int hd : kHeadDims) allowed += (allowed.empty() ? "" : ", ") + std::to_string(hd);
+    throw py::value_error("head_dim must be one of (" + allowed + "), got " + std::to_string(d.head_dim));
   }
   const std::pair<const char*, int64_t> dims[] = {
-      {"batch", batch}, {"q_heads", q_heads}, {"kv_heads", kv_heads}, {"q_len", q_len}, {"kv_len", kv_len}};
+      {"batch", d.batch}, {"q_heads", d.q_heads}, {"kv_heads", d.kv_heads}, {"q_len", d.q_len}, {"kv_len", d.kv_len}};
   for (const auto& [name, value] : dims) {
     if (value < 1) throw py::value_error(std::string(name) + " must be a positive integer, got " + std::to_string(value));
   }
-  if (q_heads % kv_heads) {
-    throw py::value_error("q_heads (" + std::to_string(q_heads) + ") must be a multiple of kv_heads (" +
-                          std::to_string(kv_heads) + ")");
+  if (d.q_heads % d.kv_heads) {
+    throw py::value_error("q_heads (" + std::to_string(d.q_heads) + ") must be a multiple of kv_heads (" +
+                          std::to_string(d.kv_heads) + ")");
   }
-  if (batch * kv_heads > kMaxGridY) {
+  if (d.batch * d.kv_heads > kMaxGridY) {
     throw py::value_error("batch * kv_heads must be at most " + std::to_string(kMaxGridY) + ", got " +
-                          std::to_string(batch * kv_heads));
+                          std::to_string(d.batch * d.kv_heads));
   }
-  if (std::max(kv_len, q_len * (q_heads / kv_heads)) > rules::kMaxKeys) {
+  if (std::max(d.kv_len, d.q_len * (d.q_heads / d.kv_heads)) > rules::kMaxKeys) {
     throw py::value_error("kv_len and q_len * (q_heads / kv_heads) must be at most " + std::to_string(rules::kMaxKeys));
   }
-  return py::make_tuple(dtype_code(q.scalar_type()), head_dim, batch, q_heads, kv_heads, q_len, kv_len,
-                        q.device().index());
+  return d;
 }
 
 // The tensor itself when its rows are 16-byte aligned (the kernels' vector loads), else a copy.
@@ -227,17 +233,25 @@ CombineParams combine_params(const float* ws_o, const float* ws_m, const float* 
   return c;
 }
 
+// What a launch runs with besides the tensors: ops.py resolved and validated it.
+struct LaunchArgs {
+  int num_splits, block_kv, reduce_threads, split_policy;
+  bool fused_merge;
+};
+
 // Launches the split kernel (and the combine kernel when it merges) on torch's current stream
-// of q's device. q, k, v passed check_problem (or, for a paged / variable-length batch, the
+// of q's device. q, k, v passed checked_dims (or, for a paged / variable-length batch, the
 // checks of ops.py) and the tunables were validated by ops.py; the workspace (None: the default
 // one) is checked here. With cache_seqlens (int32 [B]) each sequence is split by its live length
 // (params.h), num_splits is the bound max_splits and split_policy is "blocks"; with block_table
 // (int32 [B, max_pages]) k and v are page pools (num_pages, page_size, Hkv, D). Returns
-// (out, lse); lse is None unless return_lse.
-py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::handle workspace_obj, bool causal,
-                  double softmax_scale, int num_splits, int block_kv, int reduce_threads, int split_policy,
-                  bool return_lse, bool fused_merge, bool programmatic, py::handle seqlens_obj,
-                  py::handle block_table_obj, int min_blocks_per_split) {
+// (out, lse); lse is undefined unless return_lse.
+std::pair<at::Tensor, at::Tensor> launch(py::handle q_obj, py::handle k_obj, py::handle v_obj,
+                                         py::handle workspace_obj, bool causal, double softmax_scale,
+                                         const LaunchArgs& a, bool return_lse, bool programmatic,
+                                         py::handle seqlens_obj, py::handle block_table_obj, int min_blocks_per_split) {
+  const int num_splits = a.num_splits, block_kv = a.block_kv;
+  const bool fused_merge = a.fused_merge;
   const at::Tensor q = aligned(THPVariable_Unpack(q_obj.ptr()));
   const at::Tensor k = aligned(THPVariable_Unpack(k_obj.ptr()));
   const at::Tensor v = aligned(THPVariable_Unpack(v_obj.ptr()));
@@ -266,7 +280,7 @@ py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::hand
   p.softmax_scale = float(softmax_scale);
   p.scale_log2 = float(softmax_scale * 1.4426950408889634);
   p.causal = causal;
-  p.split_policy = static_cast<SplitPolicy>(live ? int(SplitPolicy::kBlocks) : split_policy);
+  p.split_policy = static_cast<SplitPolicy>(live ? int(SplitPolicy::kBlocks) : a.split_policy);
   if (live) {
     p.seqlens = seqlens.data_ptr<int>();
     p.block_kv = block_kv;
@@ -327,9 +341,162 @@ py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::hand
   if (num_splits > 1 && !fused_merge) {
     run_combine(combine_params(p.ws_o, p.ws_m, p.ws_l, out, p.lse, p.batch, p.kv_heads, p.group, p.q_len, num_splits,
                                live ? &p : nullptr),
-                dtype, head_dim, reduce_threads, stream, programmatic);
+                dtype, head_dim, a.reduce_threads, stream, programmatic);
   }
+  return {out, lse};
+}
+
+// launch() for arguments ops.py already resolved: the paged / variable-length call and the op
+// registered for torch.compile. Returns (out, lse); lse is None unless return_lse.
+py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::handle workspace_obj, bool causal,
+                  double softmax_scale, int num_splits, int block_kv, int reduce_threads, int split_policy,
+                  bool return_lse, bool fused_merge, bool programmatic, py::handle seqlens_obj,
+                  py::handle block_table_obj, int min_blocks_per_split) {
+  const LaunchArgs args{num_splits, block_kv, reduce_threads, split_policy, fused_merge};
+  auto [out, lse] = launch(q_obj, k_obj, v_obj, workspace_obj, causal, softmax_scale, args, return_lse, programmatic,
+                           seqlens_obj, block_table_obj, min_blocks_per_split);
   if (!return_lse) return py::make_tuple(out, py::none());
+  return py::make_tuple(out, lse);
+}
+
+// The eager equal-length call's plans, by call signature: everything but the tensors' data and
+// the KV length. A miss asks ops._plan_for, which validates the scalar arguments and resolves the
+// tunables once (ops._Plan); a hit costs a hash of a few integers, so that the whole call is one
+// crossing into C++. The cache is guarded by the GIL, which every call into this module holds.
+// Arguments of other types than the plain ones keyed here (numpy integers, say) still work: they
+// go to ops._plan_for on every call, uncached.
+constexpr int64_t kAutoArg = INT64_MIN;
+using PlanKey = std::array<int64_t, 16>;
+
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& key) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
+    for (int64_t word : key) h = (h ^ uint64_t(word)) * 1099511628211ull;
+    return size_t(h);
+  }
+};
+
+struct Plan {
+  py::object plan;  // the ops._Plan, asked per KV length when a tunable is "auto"
+  bool causal;
+  double softmax_scale;
+  bool fixed;       // no tunable is "auto": args holds every KV length's
+  int64_t kv_len;   // otherwise args is this KV length's (-1: none yet)
+  LaunchArgs args;
+};
+
+constexpr size_t kMaxPlans = 4096;
+
+// A tunable as a key word: kAutoArg for "auto", else an int's value (num_splits, block_kv,
+// reduce_threads) or a policy's code (split_policy); false for an object of any other type.
+bool tunable_word(py::handle obj, bool policy, int64_t& word) {
+  if (PyLong_CheckExact(obj.ptr()) && !policy) {
+    int overflow = 0;
+    word = PyLong_AsLongLongAndOverflow(obj.ptr(), &overflow);
+    return !overflow && word != kAutoArg && !(word == -1 && PyErr_Occurred());
+  }
+  if (!PyUnicode_Check(obj.ptr())) return false;
+  word = kAutoArg;
+  if (PyUnicode_CompareWithASCIIString(obj.ptr(), "auto") == 0) return true;
+  for (int code = 0; policy && code < int(std::size(kSplitPolicyNames)); ++code) {
+    if (PyUnicode_CompareWithASCIIString(obj.ptr(), kSplitPolicyNames[code]) == 0) {
+      word = code;
+      return true;
+    }
+  }
+  return false;
+}
+
+int merge_word(py::handle obj) {
+  if (!PyUnicode_Check(obj.ptr())) return -1;
+  const char* names[] = {"auto", "fused", "kernel"};
+  for (int i = 0; i < 3; ++i) {
+    if (PyUnicode_CompareWithASCIIString(obj.ptr(), names[i]) == 0) return i;
+  }
+  return -1;
+}
+
+// The key of a call signature; false when an argument is not of a type keyed here.
+bool plan_key(const Dims& d, py::handle causal, py::handle softmax_scale, py::handle const (&tunables)[4],
+              py::handle merge, py::handle enable_pdl, PlanKey& key) {
+  const auto is_bool = [](py::handle obj) { return obj.ptr() == Py_True || obj.ptr() == Py_False; };
+  if (!is_bool(causal) || !is_bool(enable_pdl) || merge_word(merge) < 0) return false;
+  int64_t scale_bits = 0;
+  if (PyFloat_CheckExact(softmax_scale.ptr())) {
+    const double scale = PyFloat_AS_DOUBLE(softmax_scale.ptr());
+    std::memcpy(&scale_bits, &scale, sizeof scale);
+  } else if (!softmax_scale.is_none()) {
+    return false;
+  }
+  key = {d.dtype, d.device, d.head_dim, d.batch, d.q_heads, d.kv_heads, d.q_len, causal.ptr() == Py_True,
+         enable_pdl.ptr() == Py_True, merge_word(merge), softmax_scale.is_none(), scale_bits};
+  for (int i = 0; i < 4; ++i) {
+    if (!tunable_word(tunables[i], i == 3, key[12 + i])) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  return true;
+}
+
+// ops._Plan.launch_args's tuple (num_splits, block_kv, reduce_threads, split_policy code, fused).
+LaunchArgs launch_args_of(py::handle obj) {
+  const auto t = py::reinterpret_borrow<py::tuple>(obj);
+  return {t[0].cast<int>(), t[1].cast<int>(), t[2].cast<int>(), t[3].cast<int>(), t[4].cast<bool>()};
+}
+
+// ops._plan_for's plan of a call signature, as the cache keeps it.
+Plan make_plan(const Dims& d, py::handle causal, py::handle softmax_scale, py::handle const (&tunables)[4],
+               py::handle merge, py::handle enable_pdl) {
+  static py::handle plan_for = py::object(py::module_::import("splitkv_tune.ops").attr("_plan_for")).release();
+  const py::tuple dims = py::make_tuple(d.dtype, d.head_dim, d.batch, d.q_heads, d.kv_heads, d.q_len, d.kv_len,
+                                        d.device);
+  Plan plan;
+  plan.plan = plan_for(dims, causal, softmax_scale, tunables[0], tunables[1], tunables[2], tunables[3], merge,
+                       enable_pdl);
+  plan.causal = plan.plan.attr("shape").attr("causal").cast<bool>();
+  plan.softmax_scale = plan.plan.attr("scale").cast<double>();
+  const py::object fixed = plan.plan.attr("fixed");
+  plan.fixed = !fixed.is_none();
+  plan.kv_len = -1;
+  if (plan.fixed) plan.args = launch_args_of(fixed);
+  return plan;
+}
+
+// splitkv_attention's eager equal-length call in one crossing: the checks of ops.problem_shape,
+// the plan of the call signature, the allocations and the launch. Returns out, or (out, lse)
+// with return_lse.
+py::object attention(py::handle q, py::handle k, py::handle v, py::handle causal, py::handle softmax_scale,
+                     py::handle num_splits, py::handle block_kv, py::handle reduce_threads, py::handle split_policy,
+                     py::handle merge, py::handle workspace, py::handle return_lse, py::handle enable_pdl) {
+  static auto* plans = new std::unordered_map<PlanKey, Plan, PlanKeyHash>();  // never destroyed: holds Python objects
+  const Dims d = checked_dims(q, k, v);
+  py::handle const tunables[4] = {num_splits, block_kv, reduce_threads, split_policy};
+  PlanKey key;
+  Plan* plan = nullptr;
+  Plan uncached;
+  if (plan_key(d, causal, softmax_scale, tunables, merge, enable_pdl, key)) {
+    auto it = plans->find(key);
+    if (it == plans->end()) {
+      Plan made = make_plan(d, causal, softmax_scale, tunables, merge, enable_pdl);
+      if (plans->size() >= kMaxPlans) plans->clear();
+      it = plans->emplace(key, std::move(made)).first;
+    }
+    plan = &it->second;
+  } else {
+    uncached = make_plan(d, causal, softmax_scale, tunables, merge, enable_pdl);
+    plan = &uncached;
+  }
+  if (!plan->fixed && plan->kv_len != d.kv_len) {
+    plan->args = launch_args_of(plan->plan.attr("launch_args")(d.kv_len));
+    plan->kv_len = d.kv_len;
+  }
+  const LaunchArgs args = plan->args;
+  const int with_lse = PyObject_IsTrue(return_lse.ptr());
+  if (with_lse < 0) throw py::error_already_set();
+  auto [out, lse] = launch(q, k, v, workspace, plan->causal, plan->softmax_scale, args, with_lse == 1,
+                           enable_pdl.ptr() == Py_True, py::none(), py::none(), 1);
+  if (!with_lse) return py::cast(out);
   return py::make_tuple(out, lse);
 }
 
@@ -349,7 +516,7 @@ void combine(const at::Tensor& o_part, const at::Tensor& m, const at::Tensor& l,
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "split-KV FlashAttention forward kernels (CUTLASS/CuTe)";
-  m.def("check_problem", &check_problem, "Check q, k, v as ops.problem_shape does; returns their dims");
+  m.def("attention", &attention, "splitkv_attention's eager equal-length call: checks, plan, allocations, launch");
   m.def("forward", &forward, "Launch the split kernel (and the combine kernel) for checked inputs");
   m.def("read_eager_counters", &read_eager_counters, "The fused merge's eager counters of (device, stream)");
   m.def("combine", &combine, "Launch the combine kernel alone on fp32 partials");

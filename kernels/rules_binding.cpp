@@ -71,8 +71,7 @@ PYBIND11_MODULE(_rules, m) {
   codes["bf16"] = int(DType::kBf16);
   m.attr("DTYPE_CODES") = codes;
   py::dict policies;
-  policies["length"] = int(SplitPolicy::kLength);
-  policies["blocks"] = int(SplitPolicy::kBlocks);
+  for (int code = 0; code < int(std::size(kSplitPolicyNames)); ++code) policies[kSplitPolicyNames[code]] = code;
   m.attr("POLICY_CODES") = policies;
 
   // What tunables.h (generated from tunables.py) held when this module was built.

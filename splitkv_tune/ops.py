@@ -1,10 +1,11 @@
 """``splitkv_attention``: validation, workspace, dispatch and ``torch.library`` registration.
 
 Everything is checked before a pointer reaches the kernels; bad input raises ``ValueError``
-or ``TypeError`` naming the argument and what was expected. An eager call's tensor checks,
-allocations and launch run in C++ (``_C.check_problem`` and ``_C.forward``); the tunables are
-checked and resolved here once per distinct call signature (``_Plan``), so that the host path
-costs a few microseconds. Traced calls (``torch.compile``) are checked by ``problem_shape``
+or ``TypeError`` naming the argument and what was expected. An eager equal-length call is one
+crossing into C++ (``_C.attention``): the tensor checks, the plan of the call signature, the
+allocations and the launch. The plan (``_Plan``: the scalar arguments checked, the tunables
+resolved) is made here once per call signature and kept by ``_C.attention``, so that the host
+path costs a few microseconds. Traced calls (``torch.compile``) are checked by ``problem_shape``
 and lower to the registered op.
 """
 from __future__ import annotations
@@ -226,29 +227,15 @@ class _Plan:
         return args
 
 
-# Plans by call signature; bounded like the per-signature KV lengths.
-_plans: dict[tuple, _Plan] = {}
-_MAX_PLANS = 1024
-
-
 def _plan_for(dims: tuple, causal, softmax_scale, num_splits, block_kv, reduce_threads, split_policy,
               merge, enable_pdl) -> _Plan:
+    """The plan of an eager call whose tensors ``_C.attention`` checked; ``dims`` is
+    ``(dtype code, head_dim, batch, q_heads, kv_heads, q_len, kv_len, device index)``. Raises
+    for a bad scalar argument or tunable. ``_C.attention`` keeps the plan per call signature."""
     code, head_dim, batch, q_heads, kv_heads, q_len, kv_len, device = dims
-    key = (code, head_dim, batch, q_heads, kv_heads, q_len, device, causal, softmax_scale,
-           num_splits, block_kv, reduce_threads, split_policy, merge, enable_pdl)
-    try:
-        plan = _plans.get(key)
-    except TypeError:  # an unhashable argument: the checks below name it
-        plan, key = None, None
-    if plan is None:
-        shape = Shape(_DTYPE_NAMES[code], head_dim, batch, q_heads, kv_heads, q_len, kv_len, bool(causal))
-        given = dict(zip(_TUNABLES, (num_splits, block_kv, reduce_threads, split_policy)))
-        plan = _Plan(shape, device, softmax_scale, merge, enable_pdl, given)
-        if key is not None:
-            if len(_plans) >= _MAX_PLANS:
-                _plans.clear()
-            _plans[key] = plan
-    return plan
+    shape = Shape(_DTYPE_NAMES[code], head_dim, batch, q_heads, kv_heads, q_len, kv_len, bool(causal))
+    given = dict(zip(_TUNABLES, (num_splits, block_kv, reduce_threads, split_policy)))
+    return _Plan(shape, device, softmax_scale, merge, enable_pdl, given)
 
 
 def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -338,14 +325,8 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
         out, lse = _traced_call(q, k, v, causal, softmax_scale, given, merge, workspace, return_lse,
                                 enable_pdl)
         return (out, lse) if return_lse else out
-    ext = _extension()
-    dims = ext.check_problem(q, k, v)
-    plan = _plan_for(dims, causal, softmax_scale, num_splits, block_kv, reduce_threads,
-                     split_policy, merge, enable_pdl)
-    splits, bkv, threads, policy, fused = plan.launch_args(dims[6])
-    out, lse = ext.forward(q, k, v, workspace, plan.shape.causal, plan.scale, splits, bkv, threads,
-                           policy, bool(return_lse), fused, enable_pdl, None, None, 1)
-    return (out, lse) if return_lse else out
+    return _extension().attention(q, k, v, causal, softmax_scale, num_splits, block_kv, reduce_threads,
+                                  split_policy, merge, workspace, return_lse, enable_pdl)
 
 
 def _live_call(q, k, v, cache_seqlens, block_table, causal, softmax_scale, num_splits, block_kv, reduce_threads,

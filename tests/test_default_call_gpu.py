@@ -156,3 +156,35 @@ def test_plan_cache_follows_every_argument(ops, cuda_gen):
         ops.splitkv_attention(q, k, v, num_splits=0)
     with pytest.raises(ValueError, match="num_splits"):
         ops.splitkv_attention(q, k, v, num_splits=[4])
+    ops.splitkv_attention(q, k, v, num_splits=1, split_policy="blocks")
+    with pytest.raises(ValueError, match="num_splits"):
+        ops.splitkv_attention(q, k, v, num_splits="blocks", split_policy="blocks")
+    with pytest.raises(ValueError, match="split_policy"):
+        ops.splitkv_attention(q, k, v, num_splits=1, split_policy=1)
+    with pytest.raises(TypeError, match="enable_pdl"):
+        ops.splitkv_attention(q, k, v, enable_pdl=1)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        ops.splitkv_attention(q, k, v, softmax_scale=float("nan"))
+    with pytest.raises(ValueError, match="merge"):
+        ops.splitkv_attention(q, k, v, merge="fast")
+
+
+def test_plan_cache_keys_plain_and_other_argument_types_alike(ops, cuda_gen):
+    """Arguments the C++ plan cache does not key (numpy integers, an int scale, a truthy causal)
+    take the uncached path and give the bits of their plain equivalents; a given tunable and
+    "auto" on the same signature never share a plan."""
+    import numpy as np
+    q, k, v = _inputs(1, 1, 32, 8, 4096, cuda_gen)
+    plain = ops.splitkv_attention(q, k, v, num_splits=4, block_kv=64, softmax_scale=1.0, causal=True)
+    for _ in range(2):  # the second call of each would hit a cached plan
+        assert torch.equal(ops.splitkv_attention(q, k, v, num_splits=np.int64(4), block_kv=np.int32(64),
+                                                 softmax_scale=1, causal=1), plain)
+        assert torch.equal(ops.splitkv_attention(q, k, v, num_splits=4, block_kv=64, softmax_scale=1.0,
+                                                 causal=True), plain)
+    one = ops.splitkv_attention(q, k, v, num_splits=1)
+    _check(one, q, k, v)
+    for merge in ("kernel", "fused"):
+        got = ops.splitkv_attention(q, k, v, num_splits=4, block_kv=64, softmax_scale=1.0, causal=True, merge=merge)
+        assert (got.float() - plain.float()).abs().max().item() < 2e-2
+    assert torch.equal(ops.splitkv_attention(q, k, v, num_splits=4, block_kv=64, softmax_scale=1.0, causal=True,
+                                             enable_pdl=False), plain)

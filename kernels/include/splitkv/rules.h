@@ -20,6 +20,8 @@ namespace splitkv {
 // Codes of the element types and split policies, as the launch arguments carry them.
 enum class DType : int { kFp16 = 0, kBf16 = 1 };
 enum class SplitPolicy : int { kLength = 0, kBlocks = 1 };
+// The split policies' names in the Python API, by code.
+inline constexpr const char* kSplitPolicyNames[] = {"length", "blocks"};
 
 namespace rules {
 
