@@ -16,9 +16,11 @@
 // work. The order decides only which CTA runs an item, never an item's keys or the bits it
 // writes, which are the plan's (rules.h).
 //
-// The counters (next item, CTAs done) reset themselves: the last CTA to find no item left sets
-// the item counter back to 0, and the done counter wraps to 0 in that CTA's increment, so they
-// are zero again after every launch without a fill kernel (fused_merge.h does the same).
+// CTA i starts with item i; only items past the first wave come off the counter, so a launch with
+// no more items than CTAs (a small batch) touches no counter. The counters (items fetched, CTAs
+// done) reset themselves: the last CTA to find no item left sets the item counter back to 0, and
+// the done counter wraps to 0 in that CTA's increment, so they are zero again after every launch
+// without a fill kernel (fused_merge.h does the same).
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -53,37 +55,42 @@ class LiveScheduler {
         order_(counts_ + kNWarps * rules::kSizeClasses),
         prefix_(order_ + p.batch) {}
 
-  // Sorts the batch and takes this CTA's first item into cta; false when there is none.
+  // Sorts the batch and takes this CTA's first item, item blockIdx.x, into cta; false when
+  // there is none.
   template <int kBlockM, int kBlockKV>
   CUTE_DEVICE bool first(const SplitParams& p, SplitCta& cta) {
     sort_by_class(p);
     prefix_splits(p);
-    if (threadIdx.x == 0) *next_ = atomicAdd(p.work_counters, 1);
-    __syncthreads();
-    return take<kBlockM, kBlockKV>(p, cta);
+    return take<kBlockM, kBlockKV>(p, int(blockIdx.x), cta);
   }
 
-  // The next item, once every thread is done with the current one and with shared memory.
+  // The next item, once every thread is done with the current one and with shared memory. With
+  // no more items than CTAs each CTA had its one, and the counters are not touched.
   template <int kBlockM, int kBlockKV>
   CUTE_DEVICE bool next(const SplitParams& p, SplitCta& cta) {
+    if (!shared_counter(p)) return false;
     __syncthreads();
     if (threadIdx.x == 0) *next_ = prefetched_;
     __syncthreads();
-    return take<kBlockM, kBlockKV>(p, cta);
+    return take<kBlockM, kBlockKV>(p, *next_, cta);
   }
 
  private:
-  // The item in *next_ (set for all threads), or false and this CTA's share of the reset.
+  CUTE_DEVICE int total_items(const SplitParams& p) const { return prefix_[p.batch] * p.kv_heads * p.num_m_blocks; }
+
+  // Whether items past the first wave come off the counter: item gridDim.x + n is its n-th fetch.
+  CUTE_DEVICE bool shared_counter(const SplitParams& p) const { return total_items(p) > int(gridDim.x); }
+
+  // Item `item` into cta, or false and this CTA's share of the counters' reset.
   template <int kBlockM, int kBlockKV>
-  CUTE_DEVICE bool take(const SplitParams& p, SplitCta& cta) {
-    const int item = *next_;
-    const int per_unit = p.kv_heads * p.num_m_blocks;
-    if (item >= prefix_[p.batch] * per_unit) {
-      if (threadIdx.x == 0) finish(p);
+  CUTE_DEVICE bool take(const SplitParams& p, int item, SplitCta& cta) {
+    if (item >= total_items(p)) {
+      if (threadIdx.x == 0 && shared_counter(p)) finish(p);
       return false;
     }
     // Thread 0 asks for the item after this one now, so the atomic's round trip overlaps it.
-    if (threadIdx.x == 0) prefetched_ = atomicAdd(p.work_counters, 1);
+    if (threadIdx.x == 0 && shared_counter(p)) prefetched_ = int(gridDim.x) + atomicAdd(p.work_counters, 1);
+    const int per_unit = p.kv_heads * p.num_m_blocks;
     const int unit = item / per_unit, rest = item % per_unit;
     // The last position whose prefix is <= unit; the prefix rises strictly (every sequence has
     // at least one split).
@@ -184,7 +191,7 @@ class LiveScheduler {
     __syncthreads();
   }
 
-  int* next_;    // [1] the item every thread takes next
+  int* next_;    // [1] the item every thread takes next (from the counter)
   int* counts_;  // [kNWarps][kSizeClasses]
   int* order_;   // [batch]
   int* prefix_;  // [batch + 1]
