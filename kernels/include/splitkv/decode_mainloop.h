@@ -12,6 +12,7 @@
 #include "splitkv/kernel_traits.h"
 #include "splitkv/block_range.h"
 #include "splitkv/epilogue.h"
+#include "splitkv/kv_stage_loader.h"
 #include "splitkv/mask.h"
 #include "splitkv/softmax.h"
 #include "splitkv/tiles.h"
@@ -23,23 +24,18 @@ using namespace cute;
 
 template <class Traits>
 CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCta& cta) {
+  static_assert(Traits::kWarpsOwnKeys && Traits::kBlockM == 16, "one 16-row MMA tile per warp");
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
-  constexpr int kBlockKV = Traits::kBlockKV;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kStages = Traits::kStages;
-  constexpr int kNWarps = Traits::kNWarps;
   constexpr int kKeysPerWarp = Traits::kKeysPerWarp;
-  static_assert(Traits::kWarpsOwnKeys && kBlockM == 16, "one 16-row MMA tile per warp");
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
 
-  auto smem_tensors = smem_q_kv<Traits>(smem);
-  Tensor sQ = get<0>(smem_tensors);                                              // (kBlockM, kHeadDim)
-  Tensor sK = get<1>(smem_tensors);                                              // (kBlockKV, kHeadDim, kStages)
-  Tensor sV = get<2>(smem_tensors);                                              // (kBlockKV, kHeadDim, kStages)
-  Tensor sVt = get<3>(smem_tensors);                                             // (kHeadDim, kBlockKV, kStages)
-  Tensor sVtNoSwizzle = get<4>(smem_tensors);                                    // same, unswizzled
+  // sQ: (kBlockM, kHeadDim); sK, sV: (kBlockKV, kHeadDim, kStages);
+  // sVt, sVtNoSwizzle (the same, unswizzled): (kHeadDim, kBlockKV, kStages)
+  auto [sQ, sK, sV, sVt, sVtNoSwizzle] = smem_q_kv<Traits>(smem);
   // This warp's rows of every stage.
   using WarpKV = Shape<Int<kKeysPerWarp>, Int<kHeadDim>, Int<kStages>>;
   using WarpVt = Shape<Int<kHeadDim>, Int<kKeysPerWarp>, Int<kStages>>;
@@ -48,18 +44,8 @@ CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCt
   Tensor sVtw = local_tile(sVt, WarpVt{}, make_coord(0, warp, 0));               // (kHeadDim, kKeysPerWarp, kStages)
   Tensor sVtwNoSwizzle = local_tile(sVtNoSwizzle, WarpVt{}, make_coord(0, warp, 0));
 
-  typename Traits::GmemCopyKVWarp gmem_copy;
-  auto gmem_thr_copy = gmem_copy.get_thread_slice(lane);
-  Tensor tKVcKV = gmem_thr_copy.partition_S(
-      make_identity_tensor(Shape<Int<kKeysPerWarp>, Int<kHeadDim>>{}));        // (CPY, CPY_N, CPY_D) -> (n, d)
-  const int warp_key0 = cta.range.x + warp * kKeysPerWarp;
-  auto mKV = kv_heads_of<kHeadDim, Element>(p, cta.b, cta.h_kv);
-  Tensor mK = get<0>(mKV);                                                       // (kv_len, kHeadDim)
-  Tensor mV = get<1>(mKV);                                                       // (kv_len, kHeadDim)
-  auto load_kv = [&](int tile, int stage) {
-    load_kv_tile<kKeysPerWarp, kHeadDim, Element>(p, cta, gmem_copy, gmem_thr_copy, tKVcKV, mK, mV, sKw(_, _, stage),
-                                                  sVw(_, _, stage), warp_key0 + tile * kBlockKV);
-  };
+  const int warp_key0 = cta.range.x + warp * kKeysPerWarp;  // the warp's first key of the split
+  auto load_kv = kv_stage_loader<Traits, typename Traits::GmemCopyKVWarp>(p, cta, lane, sKw, sVw, warp_key0);
 
   typename Traits::WarpMma warp_mma;
   auto thr_mma = warp_mma.get_thread_slice(lane);
@@ -110,7 +96,7 @@ CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCt
 
     Tensor s_rc = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));  // (ROWS, COLS)
     float tile_max[kRows];
-    scale_mask_max(s_rc, tScS_rc, key_limit, warp_key0 + t * kBlockKV, p.scale_log2, tile_max);
+    scale_mask_max(s_rc, tScS_rc, key_limit, warp_key0 + t * Traits::kBlockKV, p.scale_log2, tile_max);
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) tile_max[i] = lane_group_reduce<4, true>(tile_max[i]);  // the quad sharing a row
     online_softmax_step(s_rc, o_rc, row_max, row_sum, tile_max);
@@ -128,6 +114,7 @@ CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCt
   // Merge the warps with the partials' rule (params.h) through shared memory, reused once
   // every warp is done with Q and K/V: the row max, each warp's sum and O rescaled to it, the
   // sums added, then the O fragments added.
+  constexpr int kNWarps = Traits::kNWarps;
   constexpr int kFrag = decltype(size(acc_o))::value;  // kBlockM * kHeadDim / 32
   float* warp_m = reinterpret_cast<float*>(smem);      // [kNWarps][kBlockM]
   float* warp_l = warp_m + kNWarps * kBlockM;          // [kNWarps][kBlockM]

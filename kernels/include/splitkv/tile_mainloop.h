@@ -8,6 +8,7 @@
 #include "splitkv/kernel_traits.h"
 #include "splitkv/block_range.h"
 #include "splitkv/epilogue.h"
+#include "splitkv/kv_stage_loader.h"
 #include "splitkv/mask.h"
 #include "splitkv/softmax.h"
 #include "splitkv/tiles.h"
@@ -19,37 +20,24 @@ using namespace cute;
 
 template <class Traits>
 CUTE_DEVICE void tile_mainloop(const SplitParams& p, char* smem, const SplitCta& cta) {
+  static_assert(!Traits::kWarpsOwnKeys);
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockKV = Traits::kBlockKV;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kStages = Traits::kStages;
   constexpr int kWarpsN = Traits::kWarpsN;
-  static_assert(!Traits::kWarpsOwnKeys);
   const int tid = threadIdx.x;
   const int warp_n = (tid / 32) / Traits::kWarpsM;
 
-  auto smem_tensors = smem_q_kv<Traits>(smem);
-  Tensor sQ = get<0>(smem_tensors);                                              // (kBlockM, kHeadDim)
-  Tensor sK = get<1>(smem_tensors);                                              // (kBlockKV, kHeadDim, kStages)
-  Tensor sV = get<2>(smem_tensors);                                              // (kBlockKV, kHeadDim, kStages)
-  Tensor sVt = get<3>(smem_tensors);                                             // (kHeadDim, kBlockKV, kStages)
-  Tensor sVtNoSwizzle = get<4>(smem_tensors);                                    // same, unswizzled
+  // sQ: (kBlockM, kHeadDim); sK, sV: (kBlockKV, kHeadDim, kStages);
+  // sVt, sVtNoSwizzle (the same, unswizzled): (kHeadDim, kBlockKV, kStages)
+  auto [sQ, sK, sV, sVt, sVtNoSwizzle] = smem_q_kv<Traits>(smem);
   Tensor sP = make_tensor(sV.data() + int(Traits::kKVElems),
                           typename Traits::SmemLayoutP{});                       // (kBlockM, kBlockKV)
   float* exchange = reinterpret_cast<float*>(smem + Traits::kSmemBytes - 4 * Traits::kExchangeFloats);
 
-  typename Traits::GmemCopyKV gmem_copy;
-  auto gmem_thr_copy = gmem_copy.get_thread_slice(tid);
-  Tensor tKVcKV = gmem_thr_copy.partition_S(
-      make_identity_tensor(Shape<Int<kBlockKV>, Int<kHeadDim>>{}));            // (CPY, CPY_N, CPY_D) -> (n, d)
-  auto mKV = kv_heads_of<kHeadDim, Element>(p, cta.b, cta.h_kv);
-  Tensor mK = get<0>(mKV);                                                       // (kv_len, kHeadDim)
-  Tensor mV = get<1>(mKV);                                                       // (kv_len, kHeadDim)
-  auto load_kv = [&](int tile, int stage) {
-    load_kv_tile<kBlockKV, kHeadDim, Element>(p, cta, gmem_copy, gmem_thr_copy, tKVcKV, mK, mV, sK(_, _, stage),
-                                              sV(_, _, stage), cta.range.x + tile * kBlockKV);
-  };
+  auto load_kv = kv_stage_loader<Traits, typename Traits::GmemCopyKV>(p, cta, tid, sK, sV, cta.range.x);
 
   typename Traits::TiledMma tiled_mma;
   auto thr_mma = tiled_mma.get_thread_slice(tid);
