@@ -61,36 +61,36 @@ class LiveScheduler {
   CUTE_DEVICE bool first(const SplitParams& p, SplitCta& cta) {
     sort_by_class(p);
     prefix_splits(p);
-    return take<kBlockM, kBlockKV>(p, int(blockIdx.x), cta);
+    if (threadIdx.x == 0) *next_ = int(blockIdx.x);
+    __syncthreads();
+    return take<kBlockM, kBlockKV>(p, cta);
   }
 
-  // The next item, once every thread is done with the current one and with shared memory. With
-  // no more items than CTAs each CTA had its one, and the counters are not touched.
+  // The next item, once every thread is done with the current one and with shared memory.
   template <int kBlockM, int kBlockKV>
   CUTE_DEVICE bool next(const SplitParams& p, SplitCta& cta) {
-    if (!shared_counter(p)) return false;
     __syncthreads();
     if (threadIdx.x == 0) *next_ = prefetched_;
     __syncthreads();
-    return take<kBlockM, kBlockKV>(p, *next_, cta);
+    return take<kBlockM, kBlockKV>(p, cta);
   }
 
  private:
-  CUTE_DEVICE int total_items(const SplitParams& p) const { return prefix_[p.batch] * p.kv_heads * p.num_m_blocks; }
-
-  // Whether items past the first wave come off the counter: item gridDim.x + n is its n-th fetch.
-  CUTE_DEVICE bool shared_counter(const SplitParams& p) const { return total_items(p) > int(gridDim.x); }
-
-  // Item `item` into cta, or false and this CTA's share of the counters' reset.
+  // The item in *next_ (set for all threads) into cta, or false and this CTA's share of the
+  // counters' reset. Items past the first wave come off the counter (item gridDim.x + n is its
+  // n-th fetch); with no more items than CTAs the counters are not touched.
   template <int kBlockM, int kBlockKV>
-  CUTE_DEVICE bool take(const SplitParams& p, int item, SplitCta& cta) {
-    if (item >= total_items(p)) {
-      if (threadIdx.x == 0 && shared_counter(p)) finish(p);
+  CUTE_DEVICE bool take(const SplitParams& p, SplitCta& cta) {
+    const int item = *next_;
+    const int per_unit = p.kv_heads * p.num_m_blocks;
+    const int total = prefix_[p.batch] * per_unit;
+    const bool counted = total > int(gridDim.x);
+    if (item >= total) {
+      if (threadIdx.x == 0 && counted) finish(p);
       return false;
     }
     // Thread 0 asks for the item after this one now, so the atomic's round trip overlaps it.
-    if (threadIdx.x == 0 && shared_counter(p)) prefetched_ = int(gridDim.x) + atomicAdd(p.work_counters, 1);
-    const int per_unit = p.kv_heads * p.num_m_blocks;
+    if (threadIdx.x == 0) prefetched_ = counted ? int(gridDim.x) + atomicAdd(p.work_counters, 1) : total;
     const int unit = item / per_unit, rest = item % per_unit;
     // The last position whose prefix is <= unit; the prefix rises strictly (every sequence has
     // at least one split).
@@ -191,7 +191,7 @@ class LiveScheduler {
     __syncthreads();
   }
 
-  int* next_;    // [1] the item every thread takes next (from the counter)
+  int* next_;    // [1] the item every thread takes next
   int* counts_;  // [kNWarps][kSizeClasses]
   int* order_;   // [batch]
   int* prefix_;  // [batch + 1]
