@@ -1,0 +1,63 @@
+"""Host µs per eager call, piece by piece: the default call, every tunable given, the binding's
+one-crossing entry (`_C.attention`), the launch alone with every argument resolved
+(`_C.forward`, with and without programmatic launch), a bare `torch.empty_like(q)` and SDPA,
+each timed as `eager_timing` times host cost (64 calls queued behind a GPU sleep; median,
+p20 and p80 of 200 samples). On a GPU host with the extension built:
+
+    python3 tools/host_breakdown.py
+"""
+import statistics
+import time
+
+import torch
+
+from splitkv_tune import ops
+
+
+def per_call(fn, calls=64, reps=200):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        torch.cuda._sleep(100_000 * calls)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) * 1e6 / calls)
+        torch.cuda.synchronize()
+    samples.sort()
+    return statistics.median(samples), samples[len(samples) // 5], samples[4 * len(samples) // 5]
+
+
+def main():
+    ext = ops._extension()
+    with torch.inference_mode():
+        for (b, hkv, sq, sk) in [(1, 8, 1, 4096), (4, 8, 1, 16384), (1, 8, 4, 16384)]:
+            q = torch.randn(b, sq, 32, 128, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(b, sk, hkv, 128, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn_like(k)
+            plan = ops._plan_for((1 if q.dtype == torch.bfloat16 else 0, 128, b, 32, hkv, sq, sk, 0), False, None,
+                                 16, 64, 128, "blocks", "auto", True)
+            args = plan.launch_args(sk)
+            rows = {
+                "splitkv_attention auto": lambda: ops.splitkv_attention(q, k, v),
+                "splitkv_attention tuned": lambda: ops.splitkv_attention(q, k, v, num_splits=16, block_kv=64,
+                                                                        reduce_threads=128, split_policy="blocks"),
+                "_C.attention tuned": lambda: ext.attention(q, k, v, False, None, 16, 64, 128, "blocks", "auto",
+                                                            None, False, True),
+                "_C.forward resolved": lambda: ext.forward(q, k, v, None, False, plan.scale, *args[:4], False,
+                                                           args[4], True, None, None, 1),
+                "_C.forward resolved no PDL": lambda: ext.forward(q, k, v, None, False, plan.scale, *args[:4], False,
+                                                                  args[4], False, None, None, 1),
+                "torch.empty_like(q)": lambda: torch.empty_like(q),
+                "sdpa (default backend)": lambda: torch.nn.functional.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True),
+            }
+            print(f"B={b} Hkv={hkv} Sq={sq} Sk={sk} launch args {args}")
+            for name, fn in rows.items():
+                med, p20, p80 = per_call(fn)
+                print(f"  {name:32s} median {med:6.2f}  p20 {p20:6.2f}  p80 {p80:6.2f} us")
+
+
+main()
