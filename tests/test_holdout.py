@@ -1,0 +1,33 @@
+"""The held-out real-model shapes (configs/models_holdout.yaml) stay out of every sweep grid, so
+that the selector's regret on them is measured on shapes it was not tuned on."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from splitkv_tune import tunables
+from splitkv_tune.space import candidate_configs, load_grid
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+HOLDOUT = CONFIGS / "models_holdout.yaml"
+NOT_SWEPT = {HOLDOUT.name, "evaluate.yaml", "gpus.yaml"}
+
+
+def test_holdout_is_large_enough_and_runs_on_the_kernel():
+    grid = load_grid(str(HOLDOUT))
+    decode = [s for s in grid.shapes if s.q_len == 1]
+    spec = [s for s in grid.shapes if s.q_len > 1]
+    assert len(grid.shapes) >= 30 and len(decode) >= 25 and len(spec) >= 3
+    assert {s.head_dim for s in grid.shapes} == set(tunables.HEAD_DIMS)
+    assert {s.q_heads // s.kv_heads for s in grid.shapes} >= {1, 4, 8}
+    for shape in grid.shapes:
+        shape.validate()
+        assert candidate_configs(shape, grid.space), shape
+
+
+def test_holdout_shapes_are_in_no_sweep_grid():
+    held = set(load_grid(str(HOLDOUT)).shapes)
+    grids = sorted(p for p in CONFIGS.glob("*.yaml") if p.name not in NOT_SWEPT)
+    assert {p.stem for p in grids} >= {"quick", "full", "head_dims"}
+    for path in grids:
+        swept = set(load_grid(str(path)).shapes)
+        assert not held & swept, f"{path.name} sweeps held-out shapes: {sorted(held & swept)}"
