@@ -159,9 +159,9 @@ def _run(sweep_mod, plan, progress) -> None:
 
 
 @click.command()
-@click.argument("trials", type=click.Path(exists=True))
+@click.argument("trials", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("-o", "--output", default=None,
-              help="Where to write it; - for stdout. Default: heuristics.csv next to the trials.")
+              help="Where to write it; - for stdout. Default: heuristics.csv next to the (first) trials.")
 @click.option("--gpu", default=None, help="Override the gpu column.")
 @click.option("--min-margin", type=click.FloatRange(min=0, max=1), default=None,
               help="Smallest relative noise margin for ties (default 0.01).")
@@ -172,18 +172,24 @@ def _run(sweep_mod, plan, progress) -> None:
                    "(default <dir>/optuna.journal).")
 @exit_2_on_bad_input
 def table(trials, output, gpu, min_margin, from_storage, storage):
-    """Build heuristics.csv (best config per shape) from a trials.csv or a results directory."""
+    """Build heuristics.csv (best config per shape) from trials.csv files or results directories.
+
+    Several TRIALS are one measurement set: the parts of a grid swept into folders of their
+    own (configs/dense_decode.yaml) give one table.
+    """
     import pandas as pd
 
     from splitkv_tune import table as table_mod
     from splitkv_tune.table_schema import read_trials, validate_heuristics
 
-    path = Path(trials)
-    trials_path = path / "trials.csv" if path.is_dir() else path
+    trials_paths = [path / "trials.csv" if path.is_dir() else path for path in map(Path, trials)]
+    trials_path = trials_paths[0]
     out = Path(output) if output else trials_path.parent / "heuristics.csv"
     check_output(output if output == STDOUT else out, "-o", allow_stdout=True)
     if storage and not from_storage:
         raise click.UsageError("--storage goes with --from-storage")
+    if from_storage and len(trials_paths) > 1:
+        raise click.UsageError("--from-storage rebuilds one trials.csv: give one TRIALS")
     if from_storage:
         from splitkv_tune import records, storage as storage_mod
         if not storage_mod.is_rdb_url(storage):
@@ -194,15 +200,18 @@ def table(trials, output, gpu, min_margin, from_storage, storage):
         opened = storage_mod.open_storage(storage, trials_path.parent, repair=False,
                                           create=False)
         records.rebuild_trials_csv(opened, trials_path)
-    if not trials_path.is_file():
-        raise click.BadParameter(f"{trials_path} does not exist", param_hint="TRIALS")
+    for path in trials_paths:
+        if not path.is_file():
+            raise click.BadParameter(f"{path} does not exist", param_hint="TRIALS")
+    measured = pd.concat([read_trials(path) for path in trials_paths], ignore_index=True)
     margin = table_mod.MIN_NOISE_MARGIN if min_margin is None else min_margin
-    result = table_mod.build_heuristics(read_trials(trials_path), gpu, margin)
+    result = table_mod.build_heuristics(measured, gpu, margin)
+    sources = ", ".join(map(str, trials_paths))
     if not len(result):
-        fail(f"{trials_path}: no trial with status ok, so no winner for any shape")
+        fail(f"{sources}: no trial with status ok, so no winner for any shape")
     text = result.to_csv(index=False)
     validate_heuristics(pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False),
-                        f"the table built from {trials_path}")
+                        f"the table built from {sources}")
     if output == STDOUT:
         click.echo(text, nl=False)
         return

@@ -186,6 +186,25 @@ def test_table_command_rebuilds_from_storage(grid, tmp_path):
     assert len(read_trials(out)) == n_candidates()
 
 
+def test_table_command_joins_the_parts_of_a_grid(grid, tmp_path):
+    """A grid swept in parts (one folder each) gives one table over every part's shapes."""
+    keys = [space.shape_key(s) for s in space.parse_grid(TINY_GRID).shapes]
+    parts = [tmp_path / f"part{i}" for i in range(len(keys))]
+    for key, out in zip(keys, parts):
+        assert run_sweep(grid, out, "--shapes", key).exit_code == 0
+    result = CliRunner().invoke(table_cmd, [*map(str, parts), "-o", str(tmp_path / "h.csv")])
+    assert result.exit_code == 0, result.output
+    joined = pd.read_csv(tmp_path / "h.csv")
+    for out in parts:
+        part = pd.read_csv(out / "heuristics.csv")
+        assert len(part) == 1
+        assert part[SHAPE_COLUMNS + CONFIG_COLUMNS].iloc[0].tolist() in \
+            joined[SHAPE_COLUMNS + CONFIG_COLUMNS].values.tolist()
+    assert len(joined) == len(keys)
+    both = CliRunner().invoke(table_cmd, [*map(str, parts), "--from-storage"])
+    assert both.exit_code == 2 and "one TRIALS" in both.output
+
+
 def test_bench_command_on_reference_backend(tmp_path):
     csv = tmp_path / "bench.csv"
     result = CliRunner().invoke(bench_cmd, [
