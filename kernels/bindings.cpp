@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -446,12 +447,13 @@ LaunchArgs launch_args_of(py::handle obj) {
 }
 
 // ops._plan_for's plan of a call signature, as the cache keeps it.
-Plan make_plan(const Dims& d, py::handle causal, py::handle softmax_scale, py::handle const (&tunables)[4],
-               py::handle merge, py::handle enable_pdl) {
+std::shared_ptr<Plan> make_plan(const Dims& d, py::handle causal, py::handle softmax_scale,
+                                py::handle const (&tunables)[4], py::handle merge, py::handle enable_pdl) {
   static py::handle plan_for = py::object(py::module_::import("splitkv_tune.ops").attr("_plan_for")).release();
   const py::tuple dims = py::make_tuple(d.dtype, d.head_dim, d.batch, d.q_heads, d.kv_heads, d.q_len, d.kv_len,
                                         d.device);
-  Plan plan;
+  auto made = std::make_shared<Plan>();
+  Plan& plan = *made;
   plan.plan = plan_for(dims, causal, softmax_scale, tunables[0], tunables[1], tunables[2], tunables[3], merge,
                        enable_pdl);
   plan.causal = plan.plan.attr("shape").attr("causal").cast<bool>();
@@ -460,7 +462,7 @@ Plan make_plan(const Dims& d, py::handle causal, py::handle softmax_scale, py::h
   plan.fixed = !fixed.is_none();
   plan.kv_len = -1;
   if (plan.fixed) plan.args = launch_args_of(fixed);
-  return plan;
+  return made;
 }
 
 // splitkv_attention's eager equal-length call in one crossing: the checks of ops.problem_shape,
@@ -469,23 +471,24 @@ Plan make_plan(const Dims& d, py::handle causal, py::handle softmax_scale, py::h
 py::object attention(py::handle q, py::handle k, py::handle v, py::handle causal, py::handle softmax_scale,
                      py::handle num_splits, py::handle block_kv, py::handle reduce_threads, py::handle split_policy,
                      py::handle merge, py::handle workspace, py::handle return_lse, py::handle enable_pdl) {
-  static auto* plans = new std::unordered_map<PlanKey, Plan, PlanKeyHash>();  // never destroyed: holds Python objects
+  // Never destroyed: holds Python objects. Entries are shared so that a plan stays alive while
+  // this call runs Python (which may let another thread clear the cache).
+  static auto* plans = new std::unordered_map<PlanKey, std::shared_ptr<Plan>, PlanKeyHash>();
   const Dims d = checked_dims(q, k, v);
   py::handle const tunables[4] = {num_splits, block_kv, reduce_threads, split_policy};
   PlanKey key;
-  Plan* plan = nullptr;
-  Plan uncached;
+  std::shared_ptr<Plan> plan;
   if (plan_key(d, causal, softmax_scale, tunables, merge, enable_pdl, key)) {
-    auto it = plans->find(key);
-    if (it == plans->end()) {
-      Plan made = make_plan(d, causal, softmax_scale, tunables, merge, enable_pdl);
+    const auto it = plans->find(key);
+    if (it != plans->end()) {
+      plan = it->second;
+    } else {
+      plan = make_plan(d, causal, softmax_scale, tunables, merge, enable_pdl);
       if (plans->size() >= kMaxPlans) plans->clear();
-      it = plans->emplace(key, std::move(made)).first;
+      plans->emplace(key, plan);
     }
-    plan = &it->second;
   } else {
-    uncached = make_plan(d, causal, softmax_scale, tunables, merge, enable_pdl);
-    plan = &uncached;
+    plan = make_plan(d, causal, softmax_scale, tunables, merge, enable_pdl);
   }
   if (!plan->fixed && plan->kv_len != d.kv_len) {
     plan->args = launch_args_of(plan->plan.attr("launch_args")(d.kv_len));
