@@ -1,6 +1,7 @@
 """The C++ header's analytic fallback skips (S, block_kv) candidates that provably cannot be
 chosen (export_cpp.py, detail::analytic, claims 1-4): the claims checked on the Python model,
-and the compiled header checked against the exhaustive Python fallback."""
+and the compiled header checked against the exhaustive Python fallback, with the fixed-point
+log2 and Sk buckets that it rests on."""
 import dataclasses
 import random
 import shutil
@@ -27,6 +28,12 @@ int main() {
     if (what[0] == 'b') {  // bucket start
       std::scanf("%lld", &sk);
       std::printf("%lld\n", static_cast<long long>(t::detail::sk_bucket_start(sk)));
+      continue;
+    }
+    if (what[0] == 'l') {  // log2_q16
+      unsigned long long x;
+      std::scanf("%llu", &x);
+      std::printf("%lld\n", static_cast<long long>(t::detail::log2_q16(x)));
       continue;
     }
     int dtype, d, causal; long long b, hq, hkv, sq, sms;
@@ -76,6 +83,10 @@ def test_pruned_fallback_matches_the_exhaustive_python_one(tmp_path, gpu):
     stdin = "".join(f"s {DTYPES.index(s.dtype)} {s.head_dim} {s.batch} {s.q_heads} {s.kv_heads} "
                     f"{s.q_len} {s.kv_len} {int(s.causal)} {sms or 0}\n" for s, sms in cases)
     stdin += "".join(f"b {sk}\n" for sk in sks if sk <= 2**31 - 1)
+    # log2_q16 at each bit boundary (its highest set bit is found by halving) and in between
+    xs = sorted({max(1, (1 << n) + e) for n in range(63) for e in (-1, 0, 1)}
+                | {max(1, rng.randint(1, 2**63 - 1) >> rng.randint(0, 62)) for _ in range(2000)})
+    stdin += "".join(f"l {x}\n" for x in xs)
     got = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True,
                          check=True).stdout.splitlines()
     want = []
@@ -84,6 +95,7 @@ def test_pruned_fallback_matches_the_exhaustive_python_one(tmp_path, gpu):
         want.append(f"{c.num_splits} {c.block_kv} {c.reduce_threads} "
                     f"{SPLIT_POLICIES.index(c.split_policy)} {KINDS['fallback']}")
     want += [str(selector.sk_bucket_start(sk)) for sk in sks if sk <= 2**31 - 1]
+    want += [str(selector.log2_q16(x)) for x in xs]
     assert len(got) == len(want)
     mismatches = [(w, g) for w, g in zip(want, got) if w != g]
     assert not mismatches, mismatches[:5]

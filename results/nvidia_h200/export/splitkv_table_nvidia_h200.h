@@ -70,6 +70,8 @@ namespace splitkv {
 // Codes of the element types and split policies, as the launch arguments carry them.
 enum class DType : int { kFp16 = 0, kBf16 = 1 };
 enum class SplitPolicy : int { kLength = 0, kBlocks = 1 };
+// The split policies' names in the Python API, by code.
+inline constexpr const char* kSplitPolicyNames[] = {"length", "blocks"};
 
 namespace rules {
 
@@ -329,12 +331,16 @@ inline std::int64_t min64(std::int64_t a, std::int64_t b) { return a < b ? a : b
 inline std::int64_t max64(std::int64_t a, std::int64_t b) { return a > b ? a : b; }
 inline std::int64_t abs64(std::int64_t a) { return a < 0 ? -a : a; }
 
-inline std::int64_t log2_q16(std::uint64_t x) {
-  int n = 63;
-  while (!((x >> n) & 1u)) --n;
+// log2(x) for x >= 1 in fixed point with 16 fractional bits (selector.log2_q16), its fraction
+// computed down to bit `lowest` (each bit depends only on the ones above it; those below stay 0).
+inline std::int64_t log2_q16(std::uint64_t x, int lowest = 0) {
+  int n = 0;  // the highest set bit
+  for (int width = 32; width > 0; width /= 2) {
+    if (x >> (n + width)) n += width;
+  }
   std::uint64_t y = n <= 30 ? x << (30 - n) : x >> (n - 30);
   std::int64_t r = static_cast<std::int64_t>(n) << 16;
-  for (int i = 15; i >= 0; --i) {
+  for (int i = 15; i >= lowest; --i) {
     y = (y * y) >> 30;
     if (y >= (std::uint64_t{1} << 31)) { y >>= 1; r |= std::int64_t{1} << i; }
   }
@@ -342,7 +348,7 @@ inline std::int64_t log2_q16(std::uint64_t x) {
 }
 
 inline std::int64_t sk_coord(std::int64_t sk) {
-  return log2_q16(static_cast<std::uint64_t>(sk)) >> kSkDropBits << kSkDropBits;
+  return log2_q16(static_cast<std::uint64_t>(sk), kSkDropBits);
 }
 
 // The smallest Sk with sk's coordinate: where the fallback evaluates its model. An x of
@@ -597,13 +603,18 @@ inline bool select_config(int dtype, int head_dim, std::int64_t batch, std::int6
   const std::int64_t rows_all = q_len * (q_heads / kv_heads);
   const int bm = block_m_for(rows_all);
   const std::int64_t bh = batch * kv_heads, w = bh * ceil_div(rows_all, bm);
-  const std::int64_t x0 = log2_q16(bh), x1 = sk_coord(kv_len), x2 = log2_q16(rows_all);
+  std::int64_t x0 = -1, x1 = 0, x2 = 0;  // the shape's coordinates, once a row of its class is met
   std::int64_t nd[4];
   int ni[4];
   int n = 0;
   for (int i = 0; i < kNumRows; ++i) {
     const Row& r = kRows[i];
     if (r.dtype != dtype || r.head_dim != head_dim || r.causal != c || r.block_m != bm) continue;
+    if (x0 < 0) {
+      x0 = log2_q16(static_cast<std::uint64_t>(bh));
+      x1 = sk_coord(kv_len);
+      x2 = log2_q16(static_cast<std::uint64_t>(rows_all));
+    }
     std::int64_t d = abs64(x0 - r.x_bh) + abs64(x1 - r.x_sk) + abs64(x2 - r.x_rows);
     int j = n < 4 ? n++ : 4;
     while (j > 0 && nd[j - 1] > d) {
