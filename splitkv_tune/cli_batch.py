@@ -13,20 +13,23 @@ from splitkv_tune import tunables
 from splitkv_tune.cli_errors import STDOUT, check_output, exit_2_on_bad_input
 
 
-def _lengths(ctx, param, values):
+def parse_lengths_option(text: str) -> tuple[int, ...]:
+    """One ``--lengths`` value as lengths; a click error naming the option and the value."""
     from splitkv_tune import batches
-    parsed = []
-    for text in values:
-        try:
-            parsed.append((text, batches.parse_lengths(text)))
-        except ValueError as err:
-            raise click.BadParameter(f"{text!r}: {err}", param_hint="--lengths")
-    return parsed
+    try:
+        return batches.parse_lengths(text)
+    except ValueError as err:
+        raise click.BadParameter(f"{text!r}: {err}", param_hint="--lengths") from None
 
 
-def _page_size(ctx, param, value):
+def _lengths(ctx, param, values):
+    return [(text, parse_lengths_option(text)) for text in values]
+
+
+def check_page_size(ctx, param, value):
+    """A ``--page-size`` callback: one of ``plan.PAGE_SIZES`` (or None, the option not given)."""
     from splitkv_tune.plan import PAGE_SIZES
-    if value not in PAGE_SIZES:
+    if value is not None and value not in PAGE_SIZES:
         raise click.BadParameter(f"must be one of {PAGE_SIZES}, got {value}", param_hint="--page-size")
     return value
 
@@ -36,7 +39,7 @@ def _page_size(ctx, param, value):
               help="One batch's live lengths; repeat for more. A list with repeats "
                    "(65536,1024x15) or uniform:N:LEN, skewed:N:LONG:SHORT, geometric:N:MAX:MIN, "
                    "lognormal:N:MEAN:SIGMA[:SEED].")
-@click.option("--page-size", type=int, default=64, show_default=True, callback=_page_size,
+@click.option("--page-size", type=int, default=64, show_default=True, callback=check_page_size,
               help="Tokens per page of the K/V pools.")
 @click.option("--q-heads", type=int, default=32, show_default=True)
 @click.option("--kv-heads", type=int, default=8, show_default=True)
@@ -110,3 +113,26 @@ def compare_batch(batches, page_size, q_heads, kv_heads, head_dim, q_len, dtype,
         click.echo(results.to_csv(index=False), nl=False)
     else:
         click.echo(markdown)
+
+
+def _gpu(ctx, param, value):
+    from splitkv_tune.gpus import resolve_gpu
+    if not resolve_gpu(value):
+        raise click.BadParameter(f"must name a GPU (h200, 'NVIDIA H200', ...), got {value!r}", param_hint="--gpu")
+    return value
+
+
+@click.command("batch-table")
+@click.argument("csvs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--gpu", required=True, callback=_gpu, help="The GPU that measured the CSVs (h200, 'NVIDIA H200', ...).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The batch table to write.")
+@exit_2_on_bad_input
+def batch_table(csvs, gpu, output):
+    """The batch-class table (schema v2): per batch class of the compare-batch CSVs, the knobs of
+    the fastest of our rows (ours, ours_one_split, --plan rows), ties to the smaller max_splits."""
+    from splitkv_tune import batch_table as bt
+    check_output(output, "-o")
+    rows = [row for path in csvs for row in bt.read_compare_batch_csv(path)]
+    table = bt.build_batch_table(rows, gpu)
+    bt.write_batch_table(output, table)
+    click.echo(f"wrote {output}: {len(table)} batch classes from {len(rows)} rows of {len(csvs)} CSV files")

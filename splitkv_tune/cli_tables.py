@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from splitkv_tune import tunables
+from splitkv_tune.cli_batch import check_page_size, parse_lengths_option
 from splitkv_tune.cli_errors import check_output, exit_2_on_bad_input, fail
 from splitkv_tune.gpus import profile_for, resolve_gpu
 from splitkv_tune.selector import (TABLES_ENV, HeuristicTable, load_table_for_gpu, select_shape,
@@ -91,6 +92,10 @@ def _shape_from(dtype, head_dim, batch, q_heads, kv_heads, q_len, kv_len, causal
     return Shape(dtype, head_dim, batch, q_heads, kv_heads, q_len, kv_len, causal).validate()
 
 
+def _paged_lengths(ctx, param, value):
+    return None if value is None else parse_lengths_option(value)
+
+
 @click.command()
 @click.option("--gpu", default="auto", show_default=True, help=GPU_HELP)
 @click.option("--table", type=click.Path(dir_okay=False), default=None,
@@ -100,14 +105,26 @@ def _shape_from(dtype, head_dim, batch, q_heads, kv_heads, q_len, kv_len, causal
 @click.option("--paged", is_flag=True,
               help="The knobs of a paged / variable-length call of this batch instead (--kv-len: the "
                    "cache's capacity per sequence), and the workspace to preallocate.")
+@click.option("--lengths", callback=_paged_lengths, metavar="SPEC",
+              help="With --paged: the batch's live lengths, as compare-batch takes them (65536,1024x15, "
+                   "skewed:16:65536:1024, ...); they set --batch, and --kv-len defaults to the longest.")
+@click.option("--page-size", type=int, default=None, callback=check_page_size,
+              help="With --paged: tokens per page, for the batch table's classes [default: 64].")
+@click.option("--batch-table", type=click.Path(dir_okay=False), default=None,
+              help="With --paged and --lengths: take the knobs from this batch-class table (splitkv-tune "
+                   "batch-table) instead of the live defaults.")
 @shape_options
 @_exit_2_on_bad_input
-def select(gpu, table, as_json, paged, **shape_kw):
+def select(gpu, table, as_json, paged, lengths, page_size, batch_table, **shape_kw):
     """Print the config the selector chooses for one shape, and why."""
+    if not paged and (lengths is not None or page_size is not None or batch_table is not None):
+        raise click.UsageError("--lengths, --page-size and --batch-table apply to --paged")
+    if lengths is not None:
+        shape_kw = _with_lengths(shape_kw, lengths)
     shape = _shape_from(**shape_kw)
     gpu = _gpu_name(gpu)
     if paged:
-        return _select_paged(shape, gpu, as_json)
+        return _select_paged(shape, gpu, as_json, lengths, page_size or 64, batch_table)
     loaded, where = _load_table(table, gpu)
     sel = select_shape(loaded, shape, gpu)
     c = sel.config
@@ -126,19 +143,47 @@ def select(gpu, table, as_json, paged, **shape_kw):
     click.echo(f"workspace: {tunables.workspace_bytes(shape, c.num_splits)} bytes")
 
 
-def _select_paged(shape: Shape, gpu, as_json: bool) -> None:
-    """``select --paged``: the ``"auto"`` plan knobs of ``splitkv_tune.live`` for this batch on
-    this GPU's SM count, the splits a sequence filling the capacity gets, and the workspace."""
+def _with_lengths(shape_kw: dict, lengths) -> dict:
+    """The shape options with ``--lengths``: the batch is their count, the capacity (``--kv-len``)
+    their longest unless given, and then at least that."""
+    from click.core import ParameterSource
+    if (click.get_current_context().get_parameter_source("batch") is not ParameterSource.DEFAULT
+            and shape_kw["batch"] != len(lengths)):
+        raise click.BadParameter(f"{shape_kw['batch']} disagrees with --lengths ({len(lengths)} sequences)",
+                                 param_hint="--batch")
+    kv_len = max(lengths) if shape_kw["kv_len"] is None else shape_kw["kv_len"]
+    if kv_len < max(lengths):
+        raise click.BadParameter(f"the capacity {kv_len} is below the longest of --lengths ({max(lengths)})",
+                                 param_hint="--kv-len")
+    return {**shape_kw, "batch": len(lengths), "kv_len": kv_len}
+
+
+def _select_paged(shape: Shape, gpu, as_json: bool, lengths, page_size: int, batch_table) -> None:
+    """``select --paged``: the plan knobs for this batch on this GPU's SM count (``live``'s
+    ``"auto"`` rules, or with ``batch_table`` the nearest class's, ``batch_select``), the splits
+    a sequence filling the capacity gets, and the workspace."""
     from splitkv_tune import _rules, live
     profile = profile_for(gpu) if gpu is not None else None
     if profile is None:
         _fail(f"--paged needs the GPU's SM count: no profile for {gpu!r} in configs/gpus.yaml")
-    bkv, min_blocks, bound = live.resolve_knobs(shape.batch, shape.head_dim, shape.kv_heads, shape.packed_rows,
-                                                profile.sms)
-    choice = {"block_kv": bkv, "min_blocks_per_split": min_blocks, "max_splits": bound,
+    if batch_table is None:
+        bkv, min_blocks, bound = live.resolve_knobs(shape.batch, shape.head_dim, shape.kv_heads, shape.packed_rows,
+                                                    profile.sms)
+        why = live.explain_knobs(shape.batch, shape.head_dim, shape.kv_heads, shape.packed_rows, profile.sms)
+        extra = {}
+    else:
+        if lengths is None:
+            _fail("--batch-table needs --lengths: the table's classes are summaries of the batch's lengths")
+        from splitkv_tune.batch_select import select_live_knobs
+        from splitkv_tune.batch_table import read_batch_table
+        knobs = select_live_knobs(read_batch_table(batch_table, gpu=gpu), dtype=shape.dtype, head_dim=shape.head_dim,
+                                  q_heads=shape.q_heads, kv_heads=shape.kv_heads, q_len=shape.q_len,
+                                  page_size=page_size, lengths=lengths, num_sms=profile.sms)
+        bkv, min_blocks, bound, why = knobs.block_kv, knobs.min_blocks_per_split, knobs.max_splits, knobs.reason
+        extra = {"merge": knobs.merge, "batch_table": batch_table}
+    choice = {"block_kv": bkv, "min_blocks_per_split": min_blocks, "max_splits": bound, **extra,
               "splits_at_capacity": _rules.live_splits(shape.kv_len, bkv, min_blocks, bound),
-              "why": live.explain_knobs(shape.batch, shape.head_dim, shape.kv_heads, shape.packed_rows,
-                                        profile.sms),
+              "why": why,
               "sms": profile.sms,
               "workspace_bytes": _rules.workspace_sections(bound, shape.batch, shape.q_heads, shape.q_len,
                                                            shape.head_dim)[2]}
@@ -146,8 +191,11 @@ def _select_paged(shape: Shape, gpu, as_json: bool) -> None:
         import json
         click.echo(json.dumps(choice, indent=2))
         return
-    click.echo(f"paged knobs: block_kv={bkv} min_blocks_per_split={min_blocks} max_splits={bound}")
-    click.echo(f"why: {choice['why']}")
+    merge = f" merge={extra['merge']}" if extra else ""
+    click.echo(f"paged knobs: block_kv={bkv} min_blocks_per_split={min_blocks} max_splits={bound}{merge}")
+    click.echo(f"why: {why}")
+    if extra:
+        click.echo(f"batch table: {batch_table}")
     click.echo(f"a sequence of {shape.kv_len} keys (the capacity) gets {choice['splits_at_capacity']} splits")
     click.echo(f"workspace: {choice['workspace_bytes']} bytes")
 

@@ -18,6 +18,13 @@ timed, in one process and one run, by every implementation:
   (that call with every tunable ``"auto"``, from the shipped table);
 * ``copy_floor``: the live keys and values (``live_kv_bytes``) over the device's copy bandwidth.
 
+Every row that runs our live path (``ours``, ``ours_one_split``, the plan rows, ``ours_wide<N>``
+and ``ours_contiguous``) records its knobs in the columns ``KNOB_COLUMNS``, its ``"auto"`` knobs
+resolved as the call resolves them on this device's SM count (``live.resolve_knobs``) and
+``merge`` as what the call's ``"auto"`` merge becomes when a sequence splits; the batch-class
+table (``batch_table``) is built from them. Peers, the floor and the equal-length rows leave
+them empty, and so does every row off a CUDA device (no SM count to resolve ``"auto"`` with).
+
 Timing is ``bench.time_callable`` with ``method="cuda_graph"`` (each sample a graph replay of
 at least 16 calls, rotating over copies of the batch that cover twice the L2), the discipline
 of ``compare``; a failure to capture or run is that row's ``reason``, never raised. Our calls
@@ -35,7 +42,7 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from splitkv_tune import batches, bench, compare, paged_batch, plan, space
+from splitkv_tune import batches, bench, compare, paged_batch, plan, space, tunables
 from splitkv_tune import peers_flashinfer as pf
 from splitkv_tune.tunables import Shape
 
@@ -48,11 +55,13 @@ TOLERANCE = {"bf16": 2e-2, "fp16": 1e-2}
 # Of the device's free memory, what the padded copies of sdpa_cudnn may take.
 PADDED_MEMORY_SHARE = 0.8
 SDPA_NOTE = "padded to max_len and unmasked: reads max_len keys per sequence; output not checked"
+KNOB_COLUMNS = ["block_kv", "min_blocks_per_split", "max_splits", "merge"]
+# The knobs come last, so that a reader of the older CSVs finds their columns where they were.
 COLUMNS = [
     "label", "batch", "min_len", "max_len", "mean_len", "total_len", "page_size", "q_heads",
     "kv_heads", "head_dim", "q_len", "dtype", "impl", "status", "median_us", "p20_us", "p80_us",
     "n", "method", "input_sets", "x_floor", "ours_speedup", "floor_us", "live_kv_bytes",
-    "copy_bw_gbps", "max_abs_err", "check", "note", "reason"]
+    "copy_bw_gbps", "max_abs_err", "check", "note", "reason"] + KNOB_COLUMNS
 
 
 def check_peers(peers) -> None:
@@ -110,11 +119,35 @@ def _ours_widened(sets: list[paged_batch.PagedBatch], mult: int) -> tuple[Callab
     return _ours([s.widened(mult) for s in sets])
 
 
+def _num_sms(device) -> int | None:
+    """The SM count ``"auto"`` knobs are resolved with; None off a CUDA device."""
+    if device.type != "cuda":
+        return None
+    from splitkv_tune import ops
+    return ops._device_info(device.index)[1]
+
+
+def _knob_columns(shape: Shape, num_sms: int | None, block_kv="auto", min_blocks_per_split="auto",
+                  max_splits="auto") -> dict:
+    """A live-path row's ``KNOB_COLUMNS``, resolved as the call resolves them; empty without an
+    SM count. ``merge`` is what the call's ``"auto"`` becomes when a sequence splits (``resolve_merge``)."""
+    if num_sms is None:
+        return {}
+    from splitkv_tune import live
+    try:
+        knobs = live.resolve_knobs(shape.batch, shape.head_dim, shape.kv_heads, shape.packed_rows, num_sms,
+                                   block_kv, min_blocks_per_split, max_splits)
+    except ValueError:  # knobs the call refuses: its row fails and says why
+        return {}
+    merge = "fused" if tunables.fused_merge_fits(shape) else "kernel"
+    return dict(zip(KNOB_COLUMNS, (*knobs, merge)))
+
+
 def _plan_splits(shape: Shape, device) -> int:
     """The split count the default paged call gives a sequence of ``shape.kv_len`` keys."""
-    from splitkv_tune import live, ops
+    from splitkv_tune import live
     bkv, min_blocks, bound = live.resolve_knobs(shape.batch, shape.head_dim, shape.kv_heads, shape.packed_rows,
-                                                ops._device_info(device.index)[1])
+                                                _num_sms(device))
     return plan.live_splits(shape.kv_len, bkv, min_blocks, bound)
 
 
@@ -257,49 +290,53 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
         lengths, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, q_len=q_len, dtype=dtype,
         page_size=page_size, device=device, seed=seed)
     sets = [first] + [first.copy() for _ in range(bench.sets_for_bytes(first.live_kv_bytes, device) - 1)]
-    # (name, build, note, why it is skipped or None)
-    impls = [("ours", lambda: _ours(sets), "", None),
+    num_sms = _num_sms(device)
+    auto_knobs = _knob_columns(shape, num_sms)
+    # (name, build, note, why it is skipped or None, knob columns)
+    impls = [("ours", lambda: _ours(sets), "", None, auto_knobs),
              ("ours_one_split", lambda: _ours(sets, min_blocks_per_split=1, max_splits=one_split),
-              f"min_blocks_per_split=1, max_splits={one_split}", None)]
+              f"min_blocks_per_split=1, max_splits={one_split}", None,
+              _knob_columns(shape, num_sms, min_blocks_per_split=1, max_splits=one_split))]
     for min_blocks, max_splits, *rest in plans:
         block_kv = rest[0] if rest else PLAN_BLOCK_KV
         prefix = "ours" if block_kv == PLAN_BLOCK_KV else f"ours_kv{block_kv}"
-        impls.append((f"{prefix}_m{min_blocks}_s{max_splits}",
-                      functools.partial(_ours, sets, block_kv=block_kv, min_blocks_per_split=min_blocks,
-                                        max_splits=max_splits),
-                      f"block_kv={block_kv}, min_blocks_per_split={min_blocks}, max_splits={max_splits}", None))
+        knobs = dict(block_kv=block_kv, min_blocks_per_split=min_blocks, max_splits=max_splits)
+        impls.append((f"{prefix}_m{min_blocks}_s{max_splits}", functools.partial(_ours, sets, **knobs),
+                      f"block_kv={block_kv}, min_blocks_per_split={min_blocks}, max_splits={max_splits}", None,
+                      _knob_columns(shape, num_sms, **knobs)))
     page_bytes = first.k_pool[0].numel() * first.k_pool.element_size()
     for mult in wider:
         pages = max(first.block_table.shape[1] * mult, first.k_pool.shape[0])
         impls.append((f"ours_wide{mult}", functools.partial(_ours_widened, sets, mult),
                       f"block table {mult}x wider, pools padded to its width",
-                      _memory_problem(2 * len(sets) * pages * page_bytes, device, f"the {mult}x wider pools")))
+                      _memory_problem(2 * len(sets) * pages * page_bytes, device, f"the {mult}x wider pools"),
+                      auto_knobs))
     # Every set is padded into a contiguous cache of its own.
     contiguous = _memory_problem(len(sets) * _padded_bytes(shape), device, "the padded contiguous caches")
     impls.append(("ours_contiguous", lambda: _ours_contiguous(sets),
-                  "the same lengths in a contiguous cache (B, max_len, Hkv, D)", contiguous))
+                  "the same lengths in a contiguous cache (B, max_len, Hkv, D)", contiguous, auto_knobs))
     if len(set(lengths)) == 1 and device.type == "cuda":
         splits = _plan_splits(shape, device)
         impls.append(("ours_equal_length", lambda: _ours_contiguous(sets, splits, block_kv=64),
                       f"equal-length call, no cache_seqlens: num_splits={splits} (the plan's), block_kv=64",
-                      contiguous))
+                      contiguous, {}))
         impls.append(("ours_table", lambda: _ours_contiguous(sets, 0),
-                      "equal-length call, no cache_seqlens, every tunable 'auto' (the table)", contiguous))
+                      "equal-length call, no cache_seqlens, every tunable 'auto' (the table)", contiguous, {}))
     for name in peers:
         if name == "sdpa_cudnn":
             impls.append((name, lambda: _sdpa(shape, scale, sets, device), SDPA_NOTE,
-                          _memory_problem(_sdpa_needs(shape, device), device, "the padded batch's copies")))
+                          _memory_problem(_sdpa_needs(shape, device), device, "the padded batch's copies"), {}))
         else:
             impls.append((name, functools.partial(_flashinfer, name, shape, scale, sets), "",
-                          _peer_problem(name, shape)))
+                          _peer_problem(name, shape), {}))
     results, outputs = {}, {}
-    for name, build, note, reason in impls:
+    for name, build, note, reason, knobs in impls:
         if reason:
-            results[name] = (bench.Timing.failure("skipped", reason), note)
+            results[name] = (bench.Timing.failure("skipped", reason), note, knobs)
             continue
         with compare.peer_backend(name):
             result, out = _measure(build, device, timing)
-        results[name] = (result, note)
+        results[name] = (result, note, knobs)
         if name != "sdpa_cudnn":
             outputs[name] = out
         if device.type == "cuda":
@@ -313,7 +350,7 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
             "head_dim": head_dim, "q_len": q_len, "dtype": dtype, "floor_us": floor_us,
             "live_kv_bytes": first.live_kv_bytes, "copy_bw_gbps": copy_bw}
     rows = []
-    for name, (result, note) in results.items():
+    for name, (result, note, knobs) in results.items():
         check, err, passed = _check(name, outputs.get(name), expected, source, TOLERANCE[dtype])
         if name == "sdpa_cudnn" and result.status == "ok":
             check = "not checked: padded, unmasked"
@@ -322,13 +359,15 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
                      "p80_us": result.p80_us, "n": result.n, "method": result.method,
                      "input_sets": result.input_sets, "x_floor": result.median_us / floor_us,
                      "ours_speedup": result.median_us / ours_us, "max_abs_err": err,
-                     "check": check, "note": note, "reason": result.reason})
+                     "check": check, "note": note, "reason": result.reason, **knobs})
     rows.append({**base, "impl": "copy_floor", "status": "ok", "median_us": floor_us,
                  "p20_us": math.nan, "p80_us": math.nan, "n": 0,
                  "method": "live_kv_bytes / copy bandwidth", "input_sets": 1, "x_floor": 1.0,
                  "ours_speedup": floor_us / ours_us, "max_abs_err": math.nan, "check": "",
                  "note": f"{first.live_kv_bytes / 1e6:.1f} MB at {copy_bw:.0f} GB/s", "reason": ""})
-    return pd.DataFrame(rows, columns=COLUMNS)
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    # Nullable ints: a knob is written 64, not 64.0, beside the rows that have none.
+    return frame.astype({c: "Int64" for c in KNOB_COLUMNS if c != "merge"})
 
 
 def run_compare_batches(texts, *, device=None, timing: dict | None = None, progress=None,

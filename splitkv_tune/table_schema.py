@@ -83,15 +83,27 @@ def _show(value: str) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _parse_int(col: str, raw: str) -> int:
+def _parse_int(col: str, raw: str, choices=_INT_CHOICES, ranges=_INT_RANGES) -> int:
+    """A plain decimal integer among ``choices[col]``, in ``ranges[col]`` (default ``[1, MAX_DIM]``)."""
     if not _INT_RE.fullmatch(raw):
         raise ValueError(f"{col} must be an integer, got {_show(raw)}")
     value = int(raw)
-    if col in _INT_CHOICES and value not in _INT_CHOICES[col]:
-        raise ValueError(f"{col} must be one of {_INT_CHOICES[col]}, got {value}")
-    lo, hi = _INT_RANGES.get(col, (1, MAX_DIM))
+    if col in choices and value not in choices[col]:
+        raise ValueError(f"{col} must be one of {choices[col]}, got {value}")
+    lo, hi = ranges.get(col, (1, MAX_DIM))
     if not lo <= value <= hi:
         raise ValueError(f"{col} must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+def _parse_float(col: str, raw: str) -> float:
+    """A finite number >= 0."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{col} must be a number, got {_show(raw)}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{col} must be a finite number >= 0, got {_show(raw)}")
     return value
 
 
@@ -121,13 +133,7 @@ def _parse_value(col: str, raw: str, optional=frozenset(_OPTIONAL)):
             raise ValueError(f"causal must be 0 or 1, got {_show(raw)}")
         return flag
     if col in _FLOATS:
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ValueError(f"{col} must be a number, got {_show(raw)}") from None
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"{col} must be a finite number >= 0, got {_show(raw)}")
-        return value
+        return _parse_float(col, raw)
     return _parse_int(col, raw)
 
 
@@ -180,6 +186,13 @@ def _check_heuristics_records(records: list[dict], source) -> None:
         seen.add(key)
 
 
+def _refuse_batch_table(columns, source) -> None:
+    """A schema v2 batch-class table is not a v1 shape table: say so, and what reads it."""
+    if "len_max" in columns and "kv_len" not in columns:
+        raise TableError(source, "this is a batch-class table (schema v2, from `splitkv-tune batch-table`), "
+                                 "not a v1 shape table: read it with splitkv_tune.batch_table.read_batch_table")
+
+
 def validate_heuristics(df, source="<table>"):
     """Check a raw heuristics table; return it typed, with only the schema's columns.
 
@@ -207,6 +220,7 @@ def validate_heuristics(df, source="<table>"):
     >>> problem(num_splits=1.5)
     "<table>: row 1 (line 2): num_splits must be an integer, got '1.5'"
     """
+    _refuse_batch_table(df.columns, source)
     df = df.copy()
     for col in _OPTIONAL:
         if col not in df.columns:
@@ -283,6 +297,7 @@ def read_heuristics_records(path) -> list[dict]:
             header = next(reader, None)
             if header is None:
                 raise TableError(path, "empty file (no header, no rows)")
+            _refuse_batch_table(header, path)
             where = {c: i for i, c in enumerate(header)}
             columns = [c for c in HEURISTICS_COLUMNS if c in where or c not in _OPTIONAL]
             rows = [tuple(r[where[c]] if c in where and where[c] < len(r) else ""

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from splitkv_tune import batch_table, live
 from splitkv_tune import compare_batch as cb
 from splitkv_tune import peers_flashinfer as pf
 from splitkv_tune.reference import splitkv_attention_ref
@@ -75,6 +76,8 @@ def test_every_implementation_gets_a_row(calls):
     assert {"check_inputs": False} in calls
     assert {"check_inputs": True, "min_blocks_per_split": 1, "max_splits": 4} in calls
     assert {"check_inputs": False, "min_blocks_per_split": 1, "max_splits": 4} in calls
+    # Off a CUDA device there is no SM count to resolve "auto" with: no knobs are recorded.
+    assert frame[cb.KNOB_COLUMNS].isna().all().all()
 
 
 def test_flashinfer_missing_gives_skipped_rows(calls, monkeypatch):
@@ -170,3 +173,26 @@ def test_plan_knobs_get_one_row_each(calls):
     assert rows["ours_m2_s8"]["note"] == "block_kv=64, min_blocks_per_split=2, max_splits=8"
     assert rows["ours_kv128_m4_s8"]["note"] == "block_kv=128, min_blocks_per_split=4, max_splits=8"
     assert rows["ours_m16_s1"]["status"] == "ok"
+
+
+def test_live_rows_record_their_knobs(calls, monkeypatch, tmp_path):
+    monkeypatch.setattr(cb, "_num_sms", lambda device: 132)
+    frame = cb.run_compare_batch("40,7x3", peers=cb.PEERS, one_split=4, plans=[(2, 8), (4, 8, 128)], wider=[2],
+                                 **DIMS)
+    rows = _by_impl(frame)
+
+    def knobs(name):
+        return tuple(rows[name][c] for c in cb.KNOB_COLUMNS)
+    auto = (*live.resolve_knobs(4, 64, 2, 2, 132), "fused")
+    assert knobs("ours") == knobs("ours_wide2") == knobs("ours_contiguous") == auto
+    assert knobs("ours_one_split") == (64, 1, 4, "fused")
+    assert knobs("ours_m2_s8") == (64, 2, 8, "fused") and knobs("ours_kv128_m4_s8") == (128, 4, 8, "fused")
+    for name in (*cb.PEERS, "copy_floor"):
+        assert frame[frame["impl"] == name][cb.KNOB_COLUMNS].isna().all().all(), name
+    # Written as ints, and what the batch table is built from.
+    path = tmp_path / "run.csv"
+    frame.to_csv(path, index=False)
+    assert ",64,1,4,fused\n" in path.read_text()
+    (row,) = batch_table.build_batch_table(batch_table.read_compare_batch_csv(path), "h200")
+    assert (row["lengths"], row["batch"], row["len_max"], row["len_mean"]) == ("40,7x3", 4, 40, 61 // 4)
+    assert row["n_trials"] == 4 and row["source"] == "run.csv"  # ours, one split and the two plans

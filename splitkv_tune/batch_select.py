@@ -1,0 +1,98 @@
+"""The paged call's knobs for one batch from a batch-class table (``batch_table``): a pure
+function of the table and the batch, for a server to call when it captures a graph.
+
+Among the table's rows of the batch's head configuration (dtype, head dim, Hq, Hkv, Sq) the
+nearest class wins, by
+
+    d = |log2 B - log2 B'| + |log2 len_max - log2 len_max'| + |log2 len_mean - log2 len_mean'|
+        + PAGE_WEIGHT * |log2 page - log2 page'|
+
+(a factor of two in any of them costs the same; the page size counts less, as pages of 64 cost
+1-4% over a contiguous cache). Equal distances go to the row that sorts first by (B, len_max,
+len_mean, page size). A batch of equal lengths is the class with len_max == len_mean; it needs
+no rule of its own. With no row of that head configuration the knobs are ``live``'s ``"auto"``
+rules (``live.resolve_knobs``) and the reason says so.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from splitkv_tune import batches, live
+
+PAGE_WEIGHT = 0.25
+HEAD_COLUMNS = ["dtype", "head_dim", "q_heads", "kv_heads", "q_len"]
+# Equal distances go to the row that sorts first by these.
+TIE_COLUMNS = ["batch", "len_max", "len_mean", "page_size"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveKnobs:
+    """The knobs of one paged call and why; ``row``: the table row they came from, if any."""
+
+    block_kv: int
+    min_blocks_per_split: int
+    max_splits: int
+    merge: str
+    reason: str
+    row: dict | None = None
+
+    def kwargs(self) -> dict:
+        """The keyword arguments of ``splitkv_attention`` these knobs are."""
+        return {"block_kv": self.block_kv, "min_blocks_per_split": self.min_blocks_per_split,
+                "max_splits": self.max_splits, "merge": self.merge}
+
+
+def class_distance(row: dict, batch: int, len_max: int, len_mean: int, page_size: int) -> float:
+    """The distance of a table row's class from a batch's (see the module).
+
+    >>> row = dict(batch=16, len_max=65536, len_mean=5056, page_size=64)
+    >>> class_distance(row, 16, 65536, 5056, 64), class_distance(row, 32, 65536, 5056, 16)
+    (0.0, 1.5)
+    """
+    return (abs(math.log2(row["batch"] / batch)) + abs(math.log2(row["len_max"] / len_max))
+            + abs(math.log2(row["len_mean"] / len_mean)) + PAGE_WEIGHT * abs(math.log2(row["page_size"] / page_size)))
+
+
+def _describe(batch: int, len_max: int, len_mean: int, page_size: int) -> str:
+    return f"B={batch}, len_max={len_max}, len_mean={len_mean}, page {page_size}"
+
+
+def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_heads: int, q_len: int,
+                      page_size: int, lengths, num_sms: int) -> LiveKnobs:
+    """The knobs of a paged call of this batch: the nearest class's in ``table`` (records of one
+    GPU, ``batch_table.read_batch_table(path, gpu=...)``), else the ``"auto"`` rules on
+    ``num_sms`` SMs. ``lengths``: the live lengths (ints) or a ``batches`` text. ``ValueError``
+    for a table of several GPUs, or knobs the call would refuse."""
+    lengths = batches.parse_lengths(lengths) if isinstance(lengths, str) else tuple(int(n) for n in lengths)
+    summary = batches.describe(lengths)
+    batch, len_max, len_mean = summary["batch"], summary["max"], summary["total"] // summary["batch"]
+    packed_rows = q_len * (q_heads // kv_heads)
+    gpus = sorted({r["gpu"] for r in table})
+    if len(gpus) > 1:
+        raise ValueError(f"the batch table holds rows of several GPUs ({', '.join(gpus)}): read it with "
+                         "read_batch_table(path, gpu=...)")
+    head = (dtype, head_dim, q_heads, kv_heads, q_len)
+    rows = [r for r in table if tuple(r[c] for c in HEAD_COLUMNS) == head]
+    config = f"{dtype} D{head_dim} Hq{q_heads}/Hkv{kv_heads} Sq{q_len}"
+    if not rows:
+        bkv, min_blocks, bound = live.resolve_knobs(batch, head_dim, kv_heads, packed_rows, num_sms)
+        return LiveKnobs(bkv, min_blocks, bound, "auto",
+                         f"no batch-table row for {config} (of its {len(table)} rows): "
+                         f"the live defaults: {live.explain_knobs(batch, head_dim, kv_heads, packed_rows, num_sms)}")
+    row = min(rows, key=lambda r: (class_distance(r, batch, len_max, len_mean, page_size),
+                                   tuple(r[c] for c in TIE_COLUMNS)))
+    # The reader checked the row; resolve_knobs checks knobs from a table built any other way.
+    bkv, min_blocks, bound = live.resolve_knobs(batch, head_dim, kv_heads, packed_rows, num_sms, row["block_kv"],
+                                                row["min_blocks_per_split"], row["max_splits"])
+    distance = class_distance(row, batch, len_max, len_mean, page_size)
+    runner_up = ("no runner-up" if row["runner_up_us"] is None
+                 else f"runner-up {row['runner_up_us']:.1f} µs at block_kv={row['runner_up_block_kv']} "
+                      f"min_blocks_per_split={row['runner_up_min_blocks_per_split']} "
+                      f"max_splits={row['runner_up_max_splits']}")
+    reason = (f"batch table, {config}: the nearest class of {len(rows)} to "
+              f"{_describe(batch, len_max, len_mean, page_size)} is "
+              f"{_describe(row['batch'], row['len_max'], row['len_mean'], row['page_size'])} "
+              f"({row['lengths']}, distance {distance:.2f}), won at {row['median_us']:.1f} µs ({runner_up}; "
+              f"noise margin {row['noise_margin']:.1%}, {row['n_trials']} candidates, {row['source']})")
+    return LiveKnobs(bkv, min_blocks, bound, row["merge"], reason, row)

@@ -1,0 +1,342 @@
+"""The batch-class table (schema v2) on the CPU: built from compare-batch CSVs written in their
+real column layout, the winner and tie rule, the round trip, every validation error, the
+selector's nearest class and fallback, and the ``batch-table`` and ``select --paged`` commands."""
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from splitkv_tune import batch_select as bs
+from splitkv_tune import batch_table as bt
+from splitkv_tune import compare_batch, live
+from splitkv_tune.cli import main
+from splitkv_tune.table_schema import TableError, read_heuristics, read_heuristics_records
+
+SKEWED = dict(label="skewed:16:65536:1024", batch=16, min_len=1024, max_len=65536, mean_len=5056.0,
+              total_len=80896)
+UNIFORM = dict(label="uniform:16:8192", batch=16, min_len=8192, max_len=8192, mean_len=8192.0, total_len=131072)
+V1_TABLE = Path(__file__).parent / "fixtures" / "heuristics.csv"
+HEADS = dict(page_size=64, q_heads=32, kv_heads=8, head_dim=128, q_len=1, dtype="bf16")
+
+
+def test_the_table_reads_the_knob_columns_compare_batch_writes():
+    assert compare_batch.KNOB_COLUMNS == bt.KNOB_COLUMNS
+    assert set(bt.COMPARE_COLUMNS) <= set(compare_batch.COLUMNS)
+
+
+def compare_row(impl, median_us, knobs=(64, 16, 33, "fused"), batch=SKEWED, spread=0.002, **change):
+    """One compare-batch row, every column of ``compare_batch.COLUMNS`` as the CSV holds it."""
+    row = dict.fromkeys(compare_batch.COLUMNS, "")
+    row.update(batch, **HEADS, impl=impl, status="ok", median_us=median_us, p20_us=median_us * (1 - spread),
+               p80_us=median_us * (1 + spread), n=128, method="cuda_graph", input_sets=1)
+    row.update(zip(compare_batch.KNOB_COLUMNS, knobs))
+    row.update(change)
+    return row
+
+
+def write_csv(path, rows, columns=compare_batch.COLUMNS):
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def as_read(rows, source="run.csv"):
+    """Rows as ``read_compare_batch_csv`` gives them: strings, with the file's name."""
+    return [{**{k: "" if v is None else str(v) for k, v in r.items()}, "source": source} for r in rows]
+
+
+SKEWED_RUN = [
+    compare_row("ours", 96.4),
+    compare_row("ours_one_split", 104.5, (64, 1, 16, "fused")),
+    compare_row("ours_m4_s64", 93.4, (64, 4, 64, "fused")),
+    compare_row("ours_kv128_m4_s64", 125.6, (128, 4, 64, "fused")),
+    compare_row("ours_wide4", 80.0),  # the layout at ours' knobs: never a candidate
+    compare_row("ours_contiguous", 89.5),
+    compare_row("flashinfer_decode_tc", 87.9, ("", "", "", "")),
+    compare_row("copy_floor", 79.2, ("", "", "", "")),
+]
+UNIFORM_RUN = [compare_row("ours", 140.0, batch=UNIFORM),
+               compare_row("ours_m2_s8", 120.0, (64, 2, 8, "fused"), batch=UNIFORM)]
+
+
+@pytest.fixture
+def table_file(tmp_path):
+    table = bt.build_batch_table(as_read(SKEWED_RUN + UNIFORM_RUN), "h200")
+    return bt.write_batch_table(tmp_path / "batch_table.csv", table)
+
+
+def rewrite(path, **change):
+    """The table at ``path`` with the cells of its first row changed."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    rows[0].update({k: str(v) for k, v in change.items()})
+    return write_csv(path, rows, list(rows[0]))
+
+
+# --- the builder -------------------------------------------------------------------------------
+
+def test_one_row_per_class_with_the_fastest_knobs():
+    table = bt.build_batch_table(as_read(SKEWED_RUN + UNIFORM_RUN), "NVIDIA H200")
+    # In the order of their classes: the shorter uniform batch first.
+    assert [(r["lengths"], r["len_max"], r["len_mean"]) for r in table] == [
+        ("uniform:16:8192", 8192, 8192), ("skewed:16:65536:1024", 65536, 80896 // 16)]
+    skewed = table[1]
+    assert skewed["gpu"] == "nvidia_h200" and skewed["schema_version"] == 2
+    assert [skewed[c] for c in bt.KNOB_COLUMNS] == [64, 4, 64, "fused"]
+    assert skewed["median_us"] == 93.4 and skewed["n_trials"] == 4  # ours, one split, two plans
+    assert [skewed["runner_up_" + c] for c in bt.KNOB_COLUMNS] == [64, 16, 33, "fused"]
+    assert skewed["runner_up_us"] == 96.4
+    assert skewed["noise_margin"] == pytest.approx(max(0.004 / 1.0, 0.01))
+    assert skewed["source"] == "run.csv"
+
+
+def test_ties_go_to_the_smaller_max_splits_then_block_kv_64_then_fewer_min_blocks():
+    rows = [compare_row("ours_m4_s64", 100.0, (64, 4, 64, "fused")),
+            compare_row("ours_kv32_m4_s16", 100.5, (32, 4, 16, "fused")),  # within 1%: ties
+            compare_row("ours_m8_s16", 100.6, (64, 8, 16, "fused")),
+            compare_row("ours_m2_s16", 100.9, (64, 2, 16, "fused")),
+            compare_row("ours_m1_s8", 102.0, (64, 1, 8, "fused"))]  # outside the margin
+    winner, runner_up, margin = bt.pick_batch_winner([bt._candidate(r) for r in as_read(rows)], 0.01)
+    assert (winner["block_kv"], winner["min_blocks_per_split"], winner["max_splits"]) == (64, 2, 16)
+    assert runner_up["median_us"] == 100.0 and margin == 0.01
+    # A wide spread of the fastest widens the margin: now m1_s8 ties too, and wins.
+    noisy = [compare_row("ours_m4_s64", 100.0, (64, 4, 64, "fused"), spread=0.02)] + rows[1:]
+    winner, _, margin = bt.pick_batch_winner([bt._candidate(r) for r in as_read(noisy)], 0.01)
+    assert winner["max_splits"] == 8 and margin == pytest.approx(0.04)
+
+
+def test_the_runner_up_has_other_knobs_and_may_be_none():
+    same = [compare_row("ours", 96.0), compare_row("ours_m16_s33", 97.0)]  # ours' auto knobs again
+    (row,) = bt.build_batch_table(as_read(same), "h200")
+    assert row["runner_up_us"] is None and row["runner_up_block_kv"] is None and row["n_trials"] == 2
+
+
+def test_rows_that_cannot_win_are_left_out():
+    rows = [compare_row("ours", 96.0, status="failed"),
+            compare_row("ours_one_split", 90.0, ("", "", "", "")),  # measured off a CUDA device
+            compare_row("ours_m4_s64", 99.0, (64, 4, 64, "kernel"))]
+    (row,) = bt.build_batch_table(as_read(rows), "h200")
+    assert row["max_splits"] == 64 and row["merge"] == "kernel" and row["n_trials"] == 1
+    with pytest.raises(TableError, match="run.csv: no candidate rows"):
+        bt.build_batch_table(as_read(rows[:2]), "h200")
+
+
+@pytest.mark.parametrize("change,problem", [
+    (dict(median_us="nan"), "median_us is empty or NaN"),
+    (dict(max_splits="1.5"), "max_splits must be an integer, got '1.5'"),
+    (dict(block_kv=128, head_dim=256), "block_kv must be one of (32, 64) at head_dim 256"),
+    (dict(label="skewed:16:65536:512"), "lengths 'skewed:16:65536:512' give batch"),
+    (dict(label="1024;rm -rf"), "lengths must match"),
+])
+def test_a_bad_candidate_names_its_file_and_row(change, problem):
+    with pytest.raises(TableError) as err:
+        bt.build_batch_table(as_read([{**compare_row("ours", 96.0), **change}]), "h200")
+    assert str(err.value).startswith("run.csv: row of ") and problem in str(err.value)
+
+
+# --- the reader --------------------------------------------------------------------------------
+
+def test_round_trip(table_file):
+    table = bt.build_batch_table(as_read(SKEWED_RUN + UNIFORM_RUN), "h200")
+    assert bt.read_batch_table(table_file) == table
+    assert bt.read_batch_table(table_file, gpu="NVIDIA H200") == table
+    with pytest.raises(TableError, match=r"unknown GPU 'h100' for this table \(it has rows for: nvidia_h200\)"):
+        bt.read_batch_table(table_file, gpu="h100")
+
+
+def test_reading_needs_no_pandas(table_file):
+    import subprocess
+    code = ("import sys; from splitkv_tune import batch_select, batch_table; "
+            f"batch_table.read_batch_table({str(table_file)!r}); assert 'pandas' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("change,problem", [
+    (dict(max_splits="1.5"), "max_splits must be an integer, got '1.5'"),
+    (dict(max_splits="129"), "max_splits must be in [1, 128], got 129"),
+    (dict(min_blocks_per_split="0"), "min_blocks_per_split must be in"),
+    (dict(median_us="nan"), "median_us is empty or NaN"),
+    (dict(median_us="inf"), "median_us must be a finite number >= 0, got 'inf'"),
+    (dict(median_us="0"), "median_us must be > 0, got '0'"),
+    (dict(noise_margin="-0.1"), "noise_margin must be a finite number >= 0"),
+    (dict(dtype="fp32"), "dtype must be one of ('fp16', 'bf16')"),
+    (dict(merge="none"), "merge must be one of ('auto', 'kernel', 'fused')"),
+    (dict(runner_up_merge="x"), "runner_up_merge must be one of"),
+    (dict(page_size="48"), "page_size must be one of (1, 16, 32, 64, 128, 256)"),
+    (dict(head_dim="80"), "head_dim must be one of"),
+    (dict(gpu='h200";drop'), "gpu must match [A-Za-z0-9_.-]+"),
+    (dict(source="../x y"), "source must match"),
+    (dict(lengths="uniform:16:8192;"), "lengths must match"),
+    (dict(lengths="skewed:16:8192:1024"), "lengths 'skewed:16:8192:1024' give batch, len_max, len_mean"),
+    (dict(len_mean="9000"), "len_mean (9000) exceeds len_max (8192)"),
+    (dict(q_heads="12"), "q_heads (12) is not a multiple of kv_heads (8)"),
+    (dict(schema_version="1"), "schema_version is 1, this reader reads version 2"),
+    (dict(runner_up_us=""), "the runner-up columns"),
+    (dict(block_kv="128", head_dim="256"), "block_kv must be one of (32, 64) at head_dim 256"),
+])
+def test_every_bad_cell_is_named(table_file, change, problem):
+    rewrite(table_file, **change)
+    with pytest.raises(TableError) as err:
+        bt.read_batch_table(table_file)
+    assert str(err.value).startswith(f"{table_file}: row 1 (line 2): ")
+    assert problem in str(err.value)
+
+
+def test_bad_tables(table_file, tmp_path):
+    with open(table_file) as f:
+        header, first = f.readline(), f.readline()
+    (tmp_path / "dup.csv").write_text(header + first + first)
+    (tmp_path / "empty.csv").write_text(header)
+    (tmp_path / "nothing.csv").write_text("")
+    (tmp_path / "short.csv").write_text(header.replace(",source", "") + first)
+    for name, problem in [("dup.csv", "row 2 (line 3): duplicate class"), ("empty.csv", "empty table (no rows)"),
+                          ("nothing.csv", "empty file"), ("short.csv", "missing columns: source"),
+                          ("absent.csv", "no such file")]:
+        with pytest.raises(TableError) as err:
+            bt.read_batch_table(tmp_path / name)
+        assert str(err.value).startswith(f"{tmp_path / name}: ") and problem in str(err.value)
+
+
+def test_a_v1_table_is_not_a_batch_table_and_back(table_file):
+    with pytest.raises(TableError, match="this is a v1 shape table .* read it with table_schema.read_heuristics"
+                                         ".* `splitkv-tune batch-table CSV... --gpu GPU -o FILE`"):
+        bt.read_batch_table(V1_TABLE)
+    for reader in (read_heuristics, read_heuristics_records):
+        with pytest.raises(TableError, match="this is a batch-class table .* read it with "
+                                             "splitkv_tune.batch_table.read_batch_table"):
+            reader(table_file)
+
+
+# --- the selector ------------------------------------------------------------------------------
+
+def select(table, lengths, **change):
+    args = dict(dtype="bf16", head_dim=128, q_heads=32, kv_heads=8, q_len=1, page_size=64, lengths=lengths,
+                num_sms=132)
+    return bs.select_live_knobs(table, **{**args, **change})
+
+
+def test_the_nearest_class_gives_the_knobs(table_file):
+    table = bt.read_batch_table(table_file)
+    exact = select(table, "skewed:16:65536:1024")
+    assert exact.kwargs() == {"block_kv": 64, "min_blocks_per_split": 4, "max_splits": 64, "merge": "fused"}
+    assert "distance 0.00" in exact.reason and "skewed:16:65536:1024" in exact.reason
+    assert exact.row is table[1]
+    # A uniform batch is a class like any other: 12 x 6000 is nearer 16 x 8192 than the skewed one.
+    uniform = select(table, [6000] * 12, page_size=16)
+    assert uniform.kwargs() == {"block_kv": 64, "min_blocks_per_split": 2, "max_splits": 8, "merge": "fused"}
+    assert "uniform:16:8192" in uniform.reason
+    # One long sequence pulls towards the skewed class.
+    assert select(table, "skewed:32:131072:512").max_splits == 64
+
+
+def test_distance_and_its_ties():
+    row = dict(batch=16, len_max=65536, len_mean=4096, page_size=64)
+    assert bs.class_distance(row, 8, 65536, 4096, 64) == 1.0
+    assert bs.class_distance(row, 16, 65536, 4096, 16) == 2 * bs.PAGE_WEIGHT
+    lo, hi = (dict(row, gpu="g", dtype="bf16", head_dim=128, q_heads=32, kv_heads=8, q_len=1, lengths="x",
+                   block_kv=64, min_blocks_per_split=m, max_splits=8, merge="fused", median_us=1.0,
+                   runner_up_us=None, noise_margin=0.01, n_trials=1, source="s", batch=b)
+              for b, m in ((8, 1), (32, 2)))
+    assert select([hi, lo], "uniform:16:4096").min_blocks_per_split == 1  # equal distance: smaller batch
+
+
+def test_no_row_of_the_head_configuration_falls_back_to_the_live_defaults(table_file):
+    table = bt.read_batch_table(table_file)
+    got = select(table, "skewed:16:65536:1024", head_dim=64)
+    assert (got.block_kv, got.min_blocks_per_split, got.max_splits) == live.resolve_knobs(16, 64, 8, 4, 132)
+    assert got.merge == "auto" and got.row is None
+    assert got.reason.startswith("no batch-table row for bf16 D64 Hq32/Hkv8 Sq1")
+    assert live.explain_knobs(16, 64, 8, 4, 132) in got.reason
+    assert select([], "7").reason.startswith("no batch-table row")
+
+
+def test_a_table_of_several_gpus_is_refused(table_file):
+    table = bt.read_batch_table(table_file)
+    with pytest.raises(ValueError, match="several GPUs .* read_batch_table"):
+        select(table + [dict(table[0], gpu="nvidia_h100")], "7")
+
+
+# --- the commands ------------------------------------------------------------------------------
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_batch_table_command(tmp_path):
+    a = write_csv(tmp_path / "skewed.csv", SKEWED_RUN)
+    b = write_csv(tmp_path / "uniform run.csv", UNIFORM_RUN)
+    out = tmp_path / "tables" / "batch.csv"
+    result = invoke("batch-table", a, b, "--gpu", "NVIDIA H200", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}: 2 batch classes from 10 rows of 2 CSV files" in result.output
+    table = bt.read_batch_table(out)
+    assert [r["source"] for r in table] == ["uniform_run.csv", "skewed.csv"]
+
+
+def test_batch_table_command_bad_input(tmp_path, assert_clear_error):
+    good = write_csv(tmp_path / "good.csv", SKEWED_RUN)
+    old = write_csv(tmp_path / "old.csv", SKEWED_RUN, compare_batch.COLUMNS[:-4])
+    peers = write_csv(tmp_path / "peers.csv", SKEWED_RUN[-2:])
+    bad = write_csv(tmp_path / "bad.csv", [{**compare_row("ours", 96.0), "median_us": "fast"}])
+    out = tmp_path / "t.csv"
+    assert_clear_error(invoke("batch-table", old, "--gpu", "h200", "-o", out),
+                       "old.csv: not a compare-batch CSV, missing columns: block_kv", "rerun compare-batch")
+    assert_clear_error(invoke("batch-table", peers, "--gpu", "h200", "-o", out), "peers.csv: no candidate rows")
+    assert_clear_error(invoke("batch-table", bad, "--gpu", "h200", "-o", out),
+                       "bad.csv: row of 'skewed:16:65536:1024', impl 'ours': median_us must be a number")
+    assert_clear_error(invoke("batch-table", tmp_path / "absent.csv", "--gpu", "h200", "-o", out), "no such file")
+    assert_clear_error(invoke("batch-table", good, "--gpu", "--", "-o", out), "--gpu")
+    assert_clear_error(invoke("batch-table", good, "--gpu", "h200", "-o", tmp_path), "-o", "is a directory")
+    assert_clear_error(invoke("batch-table", good, "-o", out), "--gpu")
+    assert not out.exists()
+
+
+PAGED = ["select", "--paged", "--gpu", "h200", "--q-heads", "32", "--kv-heads", "8"]
+
+
+def test_select_paged_with_the_batch_table(table_file):
+    result = invoke(*PAGED, "--lengths", "skewed:16:65536:1024", "--batch-table", table_file)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "paged knobs: block_kv=64 min_blocks_per_split=4 max_splits=64 merge=fused"
+    assert lines[1].startswith("why: batch table, bf16 D128 Hq32/Hkv8 Sq1: the nearest class")
+    assert lines[2] == f"batch table: {table_file}"
+    assert "a sequence of 65536 keys (the capacity)" in lines[3]
+    got = json.loads(invoke(*PAGED, "--lengths", "uniform:8:8192", "--page-size", "16", "--kv-len", "16384",
+                            "--batch-table", table_file, "--json").output)
+    assert (got["min_blocks_per_split"], got["max_splits"], got["merge"]) == (2, 8, "fused")
+    assert got["batch_table"] == str(table_file) and "uniform:16:8192" in got["why"]
+    assert got["splits_at_capacity"] == 8
+
+
+def test_select_paged_falls_back_and_keeps_its_output_without_a_table(table_file):
+    fallback = invoke(*PAGED, "--head-dim", "64", "--lengths", "uniform:16:8192", "--batch-table", table_file)
+    assert fallback.exit_code == 0, fallback.output
+    knobs = live.resolve_knobs(16, 64, 8, 4, 132)
+    assert "paged knobs: block_kv={} min_blocks_per_split={} max_splits={} merge=auto".format(*knobs) in fallback.output
+    assert "why: no batch-table row for bf16 D64" in fallback.output
+    plain = invoke(*PAGED, "--lengths", "uniform:16:8192")
+    same = invoke(*PAGED, "--batch", "16", "--kv-len", "8192")
+    assert plain.exit_code == 0 and plain.output == same.output and "merge" not in plain.output
+
+
+def test_select_paged_bad_input(table_file, assert_clear_error):
+    assert_clear_error(invoke(*PAGED, "--kv-len", "8192", "--batch-table", table_file), "--batch-table needs --lengths")
+    assert_clear_error(invoke(*PAGED[:1], *PAGED[2:], "--kv-len", "8", "--lengths", "8"), "apply to --paged")
+    assert_clear_error(invoke(*PAGED, "--lengths", "8x0"), "--lengths", "repeat count")
+    assert_clear_error(invoke(*PAGED, "--lengths", "8x4", "--batch", "3"), "--batch", "4 sequences")
+    assert_clear_error(invoke(*PAGED, "--lengths", "8x4", "--kv-len", "4"), "--kv-len", "below the longest")
+    assert_clear_error(invoke(*PAGED, "--lengths", "8", "--page-size", "48"), "--page-size")
+    assert_clear_error(invoke(*PAGED, "--lengths", "8", "--batch-table", V1_TABLE),
+                       "this is a v1 shape table")
+    assert_clear_error(invoke(*PAGED, "--gpu", "h100", "--lengths", "8", "--batch-table", table_file),
+                       "unknown GPU 'h100'")
+    rewrite(table_file, max_splits="nan")
+    assert_clear_error(invoke(*PAGED, "--lengths", "8", "--batch-table", table_file),
+                       "row 1 (line 2): max_splits is empty or NaN")
+
