@@ -97,7 +97,9 @@ def analytic_cost_ns(shape: Shape, num_splits: int, block_kv: int, profile: GpuP
 def analytic_config(shape: Shape, profile: GpuProfile, model: CostModel = MODEL) -> Config:
     """The fewest splits, then the largest block_kv (fitting smem), whose modelled time is
     within ``model.tie_pct`` percent of the least: as the table builder does with measured
-    ties, since a gain that small is inside the model's error.
+    ties, since a gain that small is inside the model's error. The split counts are
+    ``tunables.SPLIT_COUNTS`` up to the KV blocks: the launches a sweep measures, at most 42
+    candidates, so that the exported C++ header models every one within its lookup's bound.
 
     >>> analytic_config(Shape("bf16", 128, 1, 32, 8, 1, 16384), profile_for("h200")).num_splits > 1
     True
@@ -109,7 +111,8 @@ def analytic_config(shape: Shape, profile: GpuProfile, model: CostModel = MODEL)
     for bkv in tunables.BLOCK_KV:
         if smem_bytes(shape.head_dim, bkv, bm) > profile.smem_per_block and bkv != tunables.BLOCK_KV[0]:
             continue
-        for s in range(1, min(tunables.MAX_SPLITS, ceil_div(shape.kv_len, bkv)) + 1):
+        top = min(tunables.MAX_SPLITS, ceil_div(shape.kv_len, bkv))
+        for s in (s for s in tunables.SPLIT_COUNTS if s <= top):
             costs[(s, -bkv)] = analytic_cost_ns(shape, s, bkv, profile, model)
     least = min(costs.values())
     s, neg_bkv = min(k for k, t in costs.items() if t * 100 <= least * (100 + model.tie_pct))
@@ -124,7 +127,7 @@ def analytic_configs(shape: Shape, kv_lens, profile: GpuProfile, model: CostMode
     d, rows_all = shape.head_dim, shape.packed_rows
     bm = block_m_for(rows_all)
     sk = np.asarray(kv_lens, dtype=np.int64)[:, None]
-    splits = np.arange(1, tunables.MAX_SPLITS + 1, dtype=np.int64)[None, :]
+    splits = np.array(tunables.SPLIT_COUNTS, dtype=np.int64)[None, :]
     rows = min(bm, rows_all)
     sms, bw = profile.sms, int(round(profile.copy_bw_gbps * 1000))
     out = np.where(splits > 1, rows * (d + 2) * 4, rows * d * 2)
@@ -164,4 +167,4 @@ def analytic_configs(shape: Shape, kv_lens, profile: GpuProfile, model: CostMode
     order = ok[:, ::-1, :].transpose(0, 2, 1).reshape(len(sk), -1)
     first = order.argmax(axis=1)
     bkv = np.array(blocks[::-1], dtype=np.int64)[first % len(blocks)]
-    return first // len(blocks) + 1, bkv
+    return splits[0, first // len(blocks)], bkv

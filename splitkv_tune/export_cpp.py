@@ -98,6 +98,7 @@ def _render_namespace(table: HeuristicTable, model: CostModel) -> str:
         "FBSMEMBLOCK": str(int(fb.smem_per_block)),
         "BLOCK_KV": ", ".join(map(str, tunables.BLOCK_KV)), "NBKV": str(len(tunables.BLOCK_KV)),
         "MAXS": str(tunables.MAX_SPLITS),
+        "SPLITCOUNTS": ", ".join(map(str, tunables.SPLIT_COUNTS)), "NSPLITCOUNTS": str(len(tunables.SPLIT_COUNTS)),
         "SKDROP": str(SK_DROP_BITS),
         "BUCKETS": ", ".join(map(str, _bucket_mantissas())),
         "LOGSPLITS": "0, " + ", ".join(str(log2_q16(s)) for s in range(1, tunables.MAX_SPLITS + 1)),

@@ -44,7 +44,7 @@ from splitkv_tune.tunables import Config, Shape
 
 CONFIGS_DIR = data_dir("configs")
 NAMED_GRIDS = ("quick", "full")
-DEFAULT_NUM_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+DEFAULT_NUM_SPLITS = tunables.SPLIT_COUNTS
 SHAPE_FIELDS = ("dtype", "head_dim", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "causal")
 REQUIRED_SHAPE_FIELDS = SHAPE_FIELDS[:-1]
 TIMING_DEFAULTS = {"warmup_s": 0.05, "min_reps": 20, "max_time_s": 0.2}

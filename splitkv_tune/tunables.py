@@ -55,6 +55,10 @@ BLOCK_KV_BY_HEAD_DIM = {64: BLOCK_KV, 96: BLOCK_KV, 128: BLOCK_KV, 256: (32, 64)
 REDUCE_THREADS = (64, 128, 256)
 SPLIT_POLICIES = ("length", "blocks")
 MAX_SPLITS = 128
+# The split counts a sweep measures unless its grid says otherwise, and the ones the analytic
+# fallback chooses from: neighbours at most 1.5x apart, so a table and the fallback choose
+# among the same launches.
+SPLIT_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 # How the S partials are merged: "kernel" launches the combine kernel; "fused" lets the last
 # split CTA of each query tile to finish merge them (no second launch); "auto" picks.
 MERGES = ("auto", "kernel", "fused")

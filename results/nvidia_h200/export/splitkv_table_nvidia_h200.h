@@ -318,6 +318,9 @@ constexpr std::int64_t kLaunchNs = 2000, kTileNs = 600, kMemLatencyNs = 700,
 constexpr int kBlockKv[] = {32, 64, 128};
 constexpr int kNumBlockKv = 3;
 constexpr std::int64_t kMaxSplits = 128, kMaxDim = 2147483647;
+// The split counts the analytic fallback chooses from (tunables.SPLIT_COUNTS).
+constexpr std::int64_t kSplitCounts[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128};
+constexpr int kNumSplitCounts = 14;
 constexpr int kSkDropBits = 10;  // Sk's log2 is rounded down to 2^(kSkDropBits-16) octave
 // log2_q16(S) for S = 0..kMaxSplits (entry 0 unused): the interpolation's split search.
 constexpr std::int64_t kLogSplits[kMaxSplits + 1] = {0, 0, 65536, 103872, 131072, 152169, 169408, 183982, 196608, 207744, 217705, 226717, 234944, 242512, 249518, 256041, 262144, 267875, 273280, 278392, 283241, 287854, 292253, 296456, 300480, 304339, 308048, 311616, 315054, 318372, 321577, 324678, 327680, 330589, 333411, 336152, 338816, 341406, 343928, 346384, 348777, 351112, 353390, 355615, 357789, 359914, 361992, 364025, 366016, 367965, 369875, 371748, 373584, 375384, 377152, 378887, 380590, 382264, 383908, 385524, 387113, 388676, 390214, 391727, 393216, 394681, 396125, 397547, 398947, 400328, 401688, 403029, 404352, 405656, 406942, 408211, 409464, 410700, 411920, 413124, 414313, 415488, 416648, 417794, 418926, 420045, 421151, 422244, 423325, 424393, 425450, 426494, 427528, 428550, 429561, 430562, 431552, 432531, 433501, 434461, 435411, 436352, 437284, 438206, 439120, 440024, 440920, 441808, 442688, 443559, 444423, 445278, 446126, 446967, 447800, 448626, 449444, 450256, 451060, 451858, 452649, 453434, 454212, 454984, 455750, 456509, 457263, 458010, 458752};
@@ -382,166 +385,54 @@ inline std::int64_t combine_ns(const Shape& s, std::int64_t splits) {
          splits * kCombineSplitNs;
 }
 
-// What analytic() skips rests on the model's time never falling when a launch gets more CTAs,
-// more splits or a larger workspace, which these constants of the cost model ensure.
-static_assert(kTileNs >= 1 && kCombineSplitNs >= 0 && kL2SpeedupPct >= 100 && kTiePct >= 0 && kMmaFlopPerNsPerSm >= 1,
-              "the fallback's pruning needs a monotone cost model");
-constexpr std::int64_t kMaxPerSm = kCtasPerSm > 1 ? kCtasPerSm : 1;  // CTAs of one SM, at most
-
-// The model of one block size for one shape: what does not depend on the split count.
-struct BlockModel {
-  std::int64_t bkv = 0, nblk = 0, top = 0;   // KV blocks; the largest S (0: the block does not fit)
-  std::int64_t next = 1, resume = 2;         // the next S to visit; the first S > 1 (claim 4)
-  std::int64_t per_sm_max = 1, slots = 1;    // a full wave: per_sm_max CTAs on each of sms SMs
-  std::int64_t full_rate = 1;                // a full wave's per-CTA bytes/us
-  std::int64_t rate[kMaxPerSm + 1] = {};       // per-CTA bytes/us with p CTAs on an SM
-  std::int64_t dram_free[kMaxPerSm + 1] = {};  // the most CTAs that DRAM does not slow at rate[p]
-  double cta_ns = 0, byte_ns = 0;            // claim 2's bound per CTA launched, per byte walked
-};
-
-// The analytic fallback (selector.analytic_config): the fewest splits, then the largest block,
-// whose modelled ns (selector.analytic_cost_ns) is within kTiePct of the least, over every
-// block that fits kFbSmemPerBlock (the smallest always) and every S in [1, min(kMaxSplits,
-// KV blocks)]. It visits the (S, block) in that order of choice and skips those that can
-// neither be chosen nor be the least (tests/test_export_fallback.py checks the claims and
-// the result against the exhaustive Python model):
-//
-// 1. A CTA walks ceil(blocks / S) KV blocks; among the S > 1 walking as many, only the
-//    smallest counts. Those S share the CTA's bytes and flops, so a wave of `a` CTAs takes
-//    W(a) = kTileNs + max(bytes / rate(a), flops * ceil(a / sms) / kMma), which does not fall
-//    as `a` rises (rate(a) does not rise); the split kernel's T(C) = floor(C / slots) W(slots)
-//    + [C % slots > 0] W(C % slots) then does not fall from C CTAs to C + 1 (the tail grows,
-//    or a tail of slots - 1 becomes a full wave: + W(slots) - W(slots - 1) >= 0), and
-//    C = S * base grows with S; nor does the combine's time (a larger workspace only loses
-//    the L2's rate, plus a per-split term). Each larger S ties or loses against the smallest,
-//    which comes first in the order of choice.
-// 2. Every S past the current one, once none can beat the candidate chosen so far (`chosen`)
-//    by more than kTiePct. It stays the choice then: the least can only fall to where the
-//    chosen is still within kTiePct of it, and a candidate before it in the order of choice
-//    that is not within kTiePct of the least so far is not of a lower least. The bound: every
-//    wave of `a` CTAs at rate r(a) takes more than kTileNs - 1 + the larger of
-//    a * bytes * 1000 / most_bw (a * r(a) <= most_bw) and a * flops / (sms * kMma) (a floor
-//    loses less than 1), and C CTAs walk at least Sk keys in all: C * bytes >= base * (Sk * d
-//    * 4 + S * (Q tile + partial output)), C * flops >= base * 4 * block_m * Sk * d; that, the
-//    ceil(C / slots) >= C / slots waves and the combine at S + 1 bound every S' > S from below.
-// 3. A block's S past the current one, once that bound exceeds the least so far (or the
-//    modelled ns of any S, `ceiling`) by more than kTiePct: none of them is within kTiePct of
-//    the least.
-// 4. A block's S in [2, resume), by the same token, from a bound of every S' <= S: some wave's
-//    CTA walks ceil(blocks / S') >= ceil(blocks / S) blocks, at no more than rate(1) and one
-//    SM's mma rate, after launch and combine at S' = 2.
+// The analytic fallback (analytic.analytic_config): the fewest splits, then the largest block,
+// whose modelled ns (analytic.analytic_cost_ns) is within kTiePct of the least, over every
+// block that fits kFbSmemPerBlock (the smallest always) and every S of kSplitCounts up to
+// min(kMaxSplits, KV blocks): at most kNumSplitCounts * kNumBlockKv candidates, each modelled.
 inline Config analytic(const Shape& s, std::int64_t sms) {
   const std::int64_t rows_all = s.sq * (s.hq / s.hkv);
   const int bm = block_m_for(rows_all);
   const std::int64_t rows = min64(bm, rows_all), base_ctas = s.b * s.hkv * ceil_div(rows_all, bm);
   const std::int64_t q_bytes = rows * s.d * 2, out_split = rows * (s.d + 2) * 4, out_whole = rows * s.d * 2;
-  const auto keys_of = [&](const BlockModel& k, std::int64_t splits) {
-    return min64(ceil_div(k.nblk, splits) * k.bkv, s.sk);
-  };
-  // Modelled ns of `splits` with block k (selector.analytic_cost_ns); combine: its combine's.
-  const auto cost = [&](const BlockModel& k, std::int64_t splits, std::int64_t combine) {
-    const std::int64_t keys = keys_of(k, splits);
-    const std::int64_t cta_bytes = keys * s.d * 4 + q_bytes + (splits > 1 ? out_split : out_whole);
-    const std::int64_t cta_flops = 4 * bm * keys * s.d;
-    const std::int64_t ctas = base_ctas * splits, full = ctas / k.slots, tail = ctas - full * k.slots;
-    std::int64_t t = kLaunchNs + combine;
-    if (full) {
-      t += full * (kTileNs + max64(cta_bytes * 1000 / k.full_rate, cta_flops * k.per_sm_max / kMmaFlopPerNsPerSm));
-    }
-    if (tail) {
-      std::int64_t p = 1;  // ceil(tail / sms)
-      while (p * sms < tail) ++p;
-      const std::int64_t mem = tail <= k.dram_free[p]
-                                   ? cta_bytes * 1000 / k.rate[p]
-                                   : cta_bytes * 1000 / max64(1, min64(k.rate[p], kCopyBwMBps / tail));
-      t += kTileNs + max64(mem, cta_flops * p / kMmaFlopPerNsPerSm);
-    }
-    return t;
-  };
-  BlockModel blocks[kNumBlockKv];
-  std::int64_t ceiling = -1;  // the least modelled ns of each block's largest S
+  std::int64_t combine[kNumSplitCounts];  // the combine kernel's ns per split count (0 for one split)
+  for (int j = 0; j < kNumSplitCounts; ++j) combine[j] = kSplitCounts[j] > 1 ? combine_ns(s, kSplitCounts[j]) : 0;
+  std::int64_t ns[kNumSplitCounts][kNumBlockKv];  // -1: not a candidate
+  std::int64_t least = -1;
   for (int i = 0; i < kNumBlockKv; ++i) {
-    BlockModel& k = blocks[i];
-    k.bkv = kBlockKv[i];
-    const std::int64_t smem = smem_bytes(s.d, k.bkv, bm);
-    if (i != 0 && smem > kFbSmemPerBlock) continue;
-    k.nblk = ceil_div(s.sk, k.bkv);
-    k.top = min64(kMaxSplits, k.nblk);
-    k.per_sm_max = max64(1, min64(kCtasPerSm, kFbSmemPerSm / smem));
-    k.slots = sms * k.per_sm_max;
-    const std::int64_t tile_bytes = k.bkv * s.d * 4;
+    const std::int64_t bkv = kBlockKv[i], smem = smem_bytes(s.d, bkv, bm);
+    const bool fits = i == 0 || smem <= kFbSmemPerBlock;
+    const std::int64_t nblk = ceil_div(s.sk, bkv), top = min64(kMaxSplits, nblk);
+    const std::int64_t per_sm_max = max64(1, min64(kCtasPerSm, kFbSmemPerSm / smem)), slots = sms * per_sm_max;
+    const std::int64_t tile_bytes = bkv * s.d * 4;
     const std::int64_t cta_bw = tile_bytes * 1000 / (kBlockNs + tile_bytes * 1000 / kCtaStreamMBps);
-    // CTAs sharing an SM share its issue rate, all share DRAM: a tail of t CTAs puts
-    // p = ceil(t / sms) on some SM, and while t <= kCopyBwMBps / rate[p],
-    // floor(kCopyBwMBps / t) >= rate[p].
-    for (std::int64_t p = 1; p <= k.per_sm_max; ++p) {
-      k.rate[p] = cta_bw / p;
-      k.dram_free[p] = k.rate[p] > 0 ? kCopyBwMBps / k.rate[p] : 0;
-    }
-    k.full_rate = max64(1, min64(k.rate[k.per_sm_max], kCopyBwMBps / k.slots));
-    // No wave of `a` CTAs moves more than a * rate(a) <= max(slots, min(sms * cta_bw, DRAM)) bytes/us.
-    k.cta_ns = static_cast<double>(kTileNs - 1) / static_cast<double>(k.slots);
-    k.byte_ns = 1000 / static_cast<double>(max64(k.slots, min64(sms * cta_bw, kCopyBwMBps)));
-    const std::int64_t t = cost(k, k.top, k.top > 1 ? combine_ns(s, k.top) : 0);
-    if (ceiling < 0 || t < ceiling) ceiling = t;
-  }
-  // Claim 4: the largest S whose bound exceeds the ceiling by more than kTiePct (the bound
-  // does not rise with S), found by bisection.
-  const std::int64_t first_ns = kLaunchNs + combine_ns(s, 2) + kTileNs;
-  for (BlockModel& k : blocks) {
-    const std::int64_t fastest = max64(1, min64(k.rate[1], kCopyBwMBps));
-    const auto skippable = [&](std::int64_t splits) {
-      const std::int64_t keys = keys_of(k, splits), bytes = keys * s.d * 4 + q_bytes + out_split;
-      const std::int64_t walk_ns = max64(bytes * 1000 / fastest, 4 * bm * keys * s.d / kMmaFlopPerNsPerSm);
-      return (first_ns + walk_ns) * 100 > ceiling * (100 + kTiePct);
+    // A wave of `active` CTAs: they share their SM's issue rate and all share DRAM.
+    const auto wave = [&](std::int64_t active, std::int64_t cta_bytes, std::int64_t cta_flops) {
+      const std::int64_t per_sm = ceil_div(active, sms);
+      const std::int64_t rate = min64(cta_bw / per_sm, kCopyBwMBps / active);
+      return kTileNs + max64(cta_bytes * 1000 / max64(1, rate), cta_flops * per_sm / kMmaFlopPerNsPerSm);
     };
-    if (k.top < 2 || !skippable(2)) continue;
-    std::int64_t lo = 2, hi = k.top;
-    while (lo < hi) {
-      const std::int64_t mid = (lo + hi + 1) / 2;
-      if (skippable(mid)) lo = mid; else hi = mid - 1;
+    for (int j = 0; j < kNumSplitCounts; ++j) {
+      const std::int64_t splits = kSplitCounts[j];
+      ns[j][i] = -1;
+      if (!fits || splits > top) continue;
+      const std::int64_t keys = min64(ceil_div(nblk, splits) * bkv, s.sk);
+      const std::int64_t cta_bytes = keys * s.d * 4 + q_bytes + (splits > 1 ? out_split : out_whole);
+      const std::int64_t cta_flops = 4 * bm * keys * s.d;
+      const std::int64_t ctas = base_ctas * splits, full = ctas / slots, tail = ctas - full * slots;
+      std::int64_t t = kLaunchNs + combine[j] + full * wave(slots, cta_bytes, cta_flops);
+      if (tail) t += wave(tail, cta_bytes, cta_flops);
+      ns[j][i] = t;
+      if (least < 0 || t < least) least = t;
     }
-    k.resume = lo + 1;
   }
-  struct Candidate { std::int64_t ns, splits; int block; };
-  Candidate cand[kNumBlockKv * kMaxSplits];
-  int n = 0, chosen = 0;  // cand[chosen]: the first within kTiePct of the least so far (n: none)
-  std::int64_t least = ceiling, combine = 0;  // combine: the combine kernel's ns at `splits`
-  for (std::int64_t splits = 1; splits <= kMaxSplits; ++splits) {
+  for (int j = 0; j < kNumSplitCounts; ++j) {
     for (int i = kNumBlockKv - 1; i >= 0; --i) {  // the largest block first, as chosen
-      BlockModel& k = blocks[i];
-      if (splits != k.next || splits > k.top) continue;
-      const std::int64_t walk = ceil_div(k.nblk, splits);
-      // The first S walking fewer blocks: S + 1 when blocks / S - blocks / (S + 1) >= 1.
-      k.next = splits * (splits + 1) <= k.nblk ? splits + 1 : walk > 1 ? ceil_div(k.nblk, walk - 1) : k.top + 1;
-      k.next = max64(k.next, k.resume);
-      const std::int64_t t = cost(k, splits, combine);
-      cand[n++] = Candidate{t, splits, i};
-      least = min64(least, t);
+      if (ns[j][i] >= 0 && ns[j][i] * 100 <= least * (100 + kTiePct)) {
+        return Config{static_cast<int>(kSplitCounts[j]), kBlockKv[i], 128, kBlocks};
+      }
     }
-    while (chosen < n && cand[chosen].ns * 100 > least * (100 + kTiePct)) ++chosen;
-    // Claims 2 and 3, in double with a 1e-9 margin for their few roundings (each below 2^-52).
-    const std::int64_t after = splits + 1;
-    combine = combine_ns(s, after);
-    const double floor_ns = static_cast<double>(kLaunchNs + combine) * (1 - 1e-9);
-    const double ctas = static_cast<double>(base_ctas * after);
-    const double walked = static_cast<double>(base_ctas) *
-                          (static_cast<double>(s.sk * s.d * 4) + static_cast<double>(after * (q_bytes + out_split)));
-    const double mma_ns = static_cast<double>(base_ctas) * static_cast<double>(4 * bm * s.d * s.sk) /
-                          (static_cast<double>(sms) * static_cast<double>(kMmaFlopPerNsPerSm));
-    const double bar = chosen < n ? static_cast<double>(cand[chosen].ns) * 100 / (100 + kTiePct) : 0;
-    const double qualifies = static_cast<double>(least) * (100 + kTiePct) / 100;
-    bool beatable = chosen == n;  // by an S' > S still to visit, or nothing chosen yet
-    for (BlockModel& k : blocks) {
-      if (k.next > k.top) continue;
-      const double walk_ns = walked * k.byte_ns > mma_ns ? walked * k.byte_ns : mma_ns;
-      const double bound = floor_ns + (ctas * k.cta_ns + walk_ns) * (1 - 1e-9);
-      if (bound > qualifies) k.next = k.top + 1;
-      else beatable |= bound < bar;
-    }
-    if (!beatable) break;
   }
-  return Config{static_cast<int>(cand[chosen].splits), kBlockKv[cand[chosen].block], 128, kBlocks};
+  return Config{1, kBlockKv[0], 128, kBlocks};  // unreachable: S = 1 with the smallest block is a candidate
 }
 
 inline Config finalize(Config c, const Shape& s, bool check_smem, std::int64_t smem_limit) {
