@@ -360,16 +360,23 @@ def _export_sources(gpus, tables) -> list[tuple[str, str | None]]:
               help=GPU_HELP + " (the SM count of FA2's heuristic for a trials.csv)")
 @click.option("--regret", "regret_csv", type=click.Path(dir_okay=False), default=None,
               help="also plot each rule's regret per shape from an `evaluate --out-csv` file")
+@click.option("--batches", "batch_csvs", multiple=True, type=click.Path(dir_okay=False),
+              help="also plot, per batch of a `compare-batch` CSV (repeatable), our speed-up "
+                   "over one S for the whole batch and over each peer")
 @_exit_2_on_bad_input
-def plot(path, output, gpu, regret_csv):
+def plot(path, output, gpu, regret_csv, batch_csvs):
     """Heatmaps (best S, speed-ups, noise) and bandwidth curves of a heuristics or trials CSV;
-    with --regret, the selector's and the baselines' regret per shape."""
+    with --regret, the selector's and the baselines' regret per shape; with --batches, our
+    speed-ups per paged batch."""
     from splitkv_tune.plot import plot_all, plot_regret
-    if path is None and regret_csv is None:
-        _fail("give a heuristics or trials CSV (PATH), or --regret EVAL.csv")
+    from splitkv_tune.plot_batches import plot_batches
+    if path is None and regret_csv is None and not batch_csvs:
+        _fail("give a heuristics or trials CSV (PATH), --regret EVAL.csv or --batches BATCH.csv")
     check_output(Path(output).parent if Path(output).suffix else output, "-o", directory=True)
     files = plot_all(path, output, _gpu_name(gpu)) if path is not None else []
     if regret_csv is not None:
         files += plot_regret(regret_csv, output)
+    if batch_csvs:
+        files += plot_batches(batch_csvs, output, _gpu_name(gpu))
     for p in files:
         click.echo(f"wrote {p}")

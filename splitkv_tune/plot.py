@@ -9,18 +9,23 @@
 * ``<base>_bandwidth`` - achieved fraction of copy bandwidth of the winner against Sk;
 * ``<base>_noise`` - the winner's ``(p80 - p20) / median``, the quantity the tie rule uses;
 * ``<base>_regret`` (``plot_regret``, from an ``evaluate --out-csv`` file) - regret of the
-  selector and of each baseline rule per shape.
+  selector and of each baseline rule per shape;
+* ``skewed_batches`` in a directory, else ``<base>_batches`` (``plot_batches``, from
+  ``compare-batch`` CSVs) - our speed-up per paged batch over one S and over the peers.
 
 Every figure's title names the GPU and the sweep run(s); each panel names its dtype, head
 dim, causality, Sq and G. Panels of one figure share one colour range, and a shape that was
 not measured is a hatched cell marked "n/a".
 
 ``out`` is a directory (files ``best_splits*``) or a base name (a ``.png``/``.svg`` suffix is
-dropped). Axes are log2 with ticks at the measured values (``4K`` = 4096).
+dropped); each file is written whole, through a temporary file and a rename. Axes are log2
+with ticks at the measured values (``4K`` = 4096).
 """
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -80,11 +85,25 @@ def _title(key) -> str:
     return f"{dtype} D={d} {'causal' if causal else 'non-causal'} Sq={sq} G={g}"
 
 
+def _save_atomic(fig, path: Path) -> None:
+    """Through a temporary file and ``os.replace``: a reader (or a kill) never sees half a
+    figure."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            fig.savefig(handle, format=path.suffix[1:], dpi=100, bbox_inches="tight")
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; plots are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def _save(fig, base: Path, suffix: str) -> list[Path]:
     paths = []
     for ext in FORMATS:
         path = base.with_name(base.name + suffix + "." + ext)
-        fig.savefig(path, dpi=100, bbox_inches="tight")
+        _save_atomic(fig, path)
         paths.append(path)
     plt.close(fig)
     return paths
@@ -192,13 +211,14 @@ def read_any(path, gpu: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame |
                            "(status column)")
 
 
-def out_base(out) -> Path:
-    """Base path of the output files (see the module docstring)."""
+def out_base(out, name: str = "best_splits") -> Path:
+    """Base path of the output files (see the module docstring); ``name`` is the base in a
+    directory."""
     trailing = str(out).endswith(("/", "\\"))
     out = Path(out)
     if out.is_dir() or trailing:
         out.mkdir(parents=True, exist_ok=True)
-        return out / "best_splits"
+        return out / name
     if out.suffix in (".png", ".svg"):
         out = out.with_suffix("")
     out.parent.mkdir(parents=True, exist_ok=True)
