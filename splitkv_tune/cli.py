@@ -1,7 +1,7 @@
 """The ``splitkv-tune`` command line: a click group; each command lives in a module of its own."""
 import click
 
-from splitkv_tune.cli_batch import batch_table, compare_batch
+from splitkv_tune.cli_batch import batch_table, compare_batch, sweep_batches
 from splitkv_tune.cli_tables import evaluate, export, plot, select
 from splitkv_tune.cli_sweep import sweep, table
 from splitkv_tune.cli_tune import bench, compare, env
@@ -15,8 +15,8 @@ def main() -> None:
     """Tune and benchmark the split-KV FlashAttention kernel; export heuristic tables."""
 
 
-for command in (bench, sweep, worker, table, compare, compare_batch, batch_table, env, select, evaluate, export,
-                plot, diff_command):
+for command in (bench, sweep, worker, table, compare, compare_batch, sweep_batches, batch_table, env, select, evaluate,
+                export, plot, diff_command):
     main.add_command(command)
 
 

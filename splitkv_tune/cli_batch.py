@@ -1,7 +1,8 @@
-"""``splitkv-tune compare-batch``: a thin click layer over :mod:`splitkv_tune.compare_batch`.
+"""``splitkv-tune compare-batch``, ``sweep-batches`` and ``batch-table``: thin click layers over
+:mod:`splitkv_tune.compare_batch`, :mod:`splitkv_tune.batch_sweep` and :mod:`splitkv_tune.batch_table`.
 
-Every option is checked (lengths parsed, page size, shape, peers, output paths) before CUDA
-is touched, so bad input costs nothing and needs no GPU.
+Every option is checked (lengths parsed, page size, shape, peers, grid, output paths) before
+CUDA is touched, so bad input costs nothing and needs no GPU.
 """
 from __future__ import annotations
 
@@ -34,6 +35,34 @@ def check_page_size(ctx, param, value):
     return value
 
 
+def _peer_list(peers: str) -> list[str]:
+    """A ``--peers`` comma list; a click error naming the peers not known."""
+    from splitkv_tune.compare_batch import check_peers
+    peer_list = [p.strip() for p in peers.split(",") if p.strip()]
+    try:
+        check_peers(peer_list)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--peers") from None
+    return peer_list
+
+
+def _plan_space(ctx, param, value):
+    """A ``--plan-space`` callback: ``(block_kvs, min_blocks, max_splits)`` lists, or None."""
+    if value is None:
+        return None
+    from splitkv_tune.compare_batch import check_plan_space
+    try:
+        lists = [[int(x) for x in part.split(",")] for part in value.split(":")]
+        if len(lists) != 3:
+            raise ValueError(f"expected 3 lists separated by ':', got {len(lists)}")
+        check_plan_space(*lists)
+    except ValueError as err:
+        raise click.BadParameter(f"expected BLOCK_KVS:MIN_BLOCKS:MAX_SPLITS, comma lists such as "
+                                 f"64,128:1,2,4,8,16:8,16,32,64, got {value!r} ({err})",
+                                 param_hint="--plan-space") from None
+    return lists
+
+
 @click.command("compare-batch")
 @click.option("--lengths", "batches", multiple=True, required=True, callback=_lengths,
               help="One batch's live lengths; repeat for more. A list with repeats "
@@ -54,6 +83,10 @@ def check_page_size(ctx, param, value):
 @click.option("--plan", "plans", multiple=True, metavar="MIN_BLOCKS:MAX_SPLITS[:BLOCK_KV]",
               help="Also time ours with these plan knobs (block_kv 64 unless given), one row each "
                    "(ours_m<MIN>_s<MAX>, or ours_kv<BLOCK_KV>_m<MIN>_s<MAX>).")
+@click.option("--plan-space", callback=_plan_space, metavar="BLOCK_KVS:MIN_BLOCKS:MAX_SPLITS",
+              help="Also time ours at every combination of these comma lists (64,128:1,2,4,8,16:8,16,32,64), "
+                   "one row each named as --plan rows are; block_kvs not built at --head-dim and points "
+                   "already given by --plan are left out.")
 @click.option("--wider", multiple=True, type=click.IntRange(2, 1024),
               help="Also time ours behind a block table this many times wider (ours_wide<N>).")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False, allow_dash=True),
@@ -63,7 +96,7 @@ def check_page_size(ctx, param, value):
               help="Also write the markdown report here.")
 @exit_2_on_bad_input
 def compare_batch(batches, page_size, q_heads, kv_heads, head_dim, q_len, dtype, peers, one_split,
-                  plans, wider, csv_path, as_json, md_path):
+                  plans, plan_space, wider, csv_path, as_json, md_path):
     """Ours vs FlashInfer and padded cuDNN SDPA on paged, variable-length batches."""
     from splitkv_tune import compare_batch as compare_batch_mod
     from splitkv_tune.tunables import Shape
@@ -73,11 +106,7 @@ def compare_batch(batches, page_size, q_heads, kv_heads, head_dim, q_len, dtype,
             Shape(dtype, head_dim, len(lengths), q_heads, kv_heads, q_len, max(lengths)).validate()
         except ValueError as err:
             raise click.UsageError(f"bad shape for --lengths {text!r}: {err}")
-    peer_list = [p.strip() for p in peers.split(",") if p.strip()]
-    try:
-        compare_batch_mod.check_peers(peer_list)
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--peers") from None
+    peer_list = _peer_list(peers)
     plan_knobs = []
     for text in plans:
         try:
@@ -91,6 +120,8 @@ def compare_batch(batches, page_size, q_heads, kv_heads, head_dim, q_len, dtype,
                                      f"[1, {tunables.MAX_SPLITS}] and BLOCK_KV one of {tunables.BLOCK_KV}, got "
                                      f"{text!r}", param_hint="--plan") from None
         plan_knobs.append(knobs)
+    if plan_space:
+        plan_knobs += _expand_plan_space(plan_space, head_dim, plan_knobs)
     check_output(csv_path, "--csv", allow_stdout=True)
     check_output(md_path, "--out-md")
     from splitkv_tune import bench
@@ -113,6 +144,53 @@ def compare_batch(batches, page_size, q_heads, kv_heads, head_dim, q_len, dtype,
         click.echo(results.to_csv(index=False), nl=False)
     else:
         click.echo(markdown)
+
+
+def _expand_plan_space(plan_space, head_dim: int, plans) -> list[tuple[int, int, int]]:
+    """The ``--plan-space`` points to time besides ``plans``; a usage error when none of its
+    block_kvs is built at ``head_dim``, a note on stderr when some are not."""
+    from splitkv_tune.compare_batch import expand_plan_space
+    added, dropped = expand_plan_space(*plan_space, head_dim, plans)
+    allowed = tunables.BLOCK_KV_BY_HEAD_DIM[head_dim]
+    if len(dropped) == len(set(plan_space[0])):
+        raise click.BadParameter(f"no block_kv of {dropped} is built at --head-dim {head_dim} (choose from "
+                                 f"{allowed})", param_hint="--plan-space")
+    if dropped:
+        click.echo(f"--plan-space: leaving out block_kv {dropped}, not built at head_dim {head_dim}", err=True)
+    return added
+
+
+@click.command("sweep-batches")
+@click.option("--grid", "grid_path", required=True, type=click.Path(dir_okay=False),
+              help="A batch grid (YAML: heads, page_size, lengths, space), e.g. configs/batches.yaml.")
+@click.option("--csv", "csv_path", required=True, type=click.Path(dir_okay=False),
+              help="The rows, in compare-batch's columns; an existing one is resumed (its complete batches skipped).")
+@click.option("--peers", default="", help="Comma list of peers to time beside ours (none by default).")
+@click.option("--dry-run", is_flag=True,
+              help="Print the batches, the rows to time and the time it takes; time nothing.")
+@exit_2_on_bad_input
+def sweep_batches(grid_path, csv_path, peers, dry_run):
+    """Time every batch of a grid at the auto knobs and at every point of its knob space (one
+    CSV block per batch, written atomically, so a killed sweep resumes where it stopped)."""
+    from splitkv_tune import batch_sweep
+    grid = batch_sweep.load_batch_grid(grid_path)
+    peer_list = _peer_list(peers)
+    check_output(csv_path, "--csv")
+    sweep = batch_sweep.plan_sweep(grid, csv_path, peer_list)
+    if dry_run:
+        click.echo(batch_sweep.describe_plan(sweep, csv_path))
+        return
+    from splitkv_tune import bench
+    problem = bench.backend_problem("cuda")
+    if problem:
+        raise click.UsageError(problem)
+    if sweep.complete:
+        click.echo(f"resuming {csv_path}: skipping {len(sweep.complete)} of {len(grid.batches)} batches "
+                   "already complete", err=True)
+    skipped = batch_sweep.run_sweep(sweep, csv_path, progress=lambda line: click.echo(line, err=True))
+    timed = len(sweep.todo) - len(skipped)
+    click.echo(f"{csv_path}: {timed} batches timed, {len(sweep.complete)} complete before, {len(skipped)} skipped "
+               f"(inputs too large for the device); next: splitkv-tune batch-table {csv_path} --gpu GPU -o FILE")
 
 
 def _gpu(ctx, param, value):

@@ -36,6 +36,7 @@ that is checked: against ``reference.splitkv_attention_ref`` in fp32 when the ba
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import Callable
 
@@ -260,18 +261,77 @@ def _check(name, out, expected, source, tol) -> tuple[str, float, bool]:
 PLAN_BLOCK_KV = 64
 
 
+def plan_row_name(min_blocks: int, max_splits: int, block_kv: int = PLAN_BLOCK_KV) -> str:
+    """The ``impl`` of a plan row: ``ours_m<min>_s<max>``, ``ours_kv<block_kv>_m<min>_s<max>``
+    at a block_kv other than ``PLAN_BLOCK_KV``."""
+    prefix = "ours" if block_kv == PLAN_BLOCK_KV else f"ours_kv{block_kv}"
+    return f"{prefix}_m{min_blocks}_s{max_splits}"
+
+
+def check_plan_space(block_kvs, min_blocks, max_splits) -> None:
+    """``ValueError`` naming the knob of the first value in these lists of ints that the paged
+    call refuses (``plan.check_plan_knobs``)."""
+    for block_kv in block_kvs:
+        plan.check_plan_knobs(block_kv, 1, 1)
+    for value in min_blocks:
+        plan.check_plan_knobs(PLAN_BLOCK_KV, value, 1)
+    for value in max_splits:
+        plan.check_plan_knobs(PLAN_BLOCK_KV, 1, value)
+
+
+def expand_plan_space(block_kvs, min_blocks, max_splits, head_dim: int,
+                      plans=()) -> tuple[list[tuple[int, int, int]], list[int]]:
+    """Every ``(min_blocks_per_split, max_splits, block_kv)`` of the product, block_kv outermost,
+    less those already in ``plans`` (``--plan`` tuples; one without block_kv is at
+    ``PLAN_BLOCK_KV``), and the block_kvs dropped as not instantiated at ``head_dim``
+    (``tunables.BLOCK_KV_BY_HEAD_DIM``): ``(plans to add, dropped block_kvs)``.
+
+    >>> expand_plan_space([64, 128], [1, 2], [8], 256, plans=[(2, 8)])
+    ([(1, 8, 64)], [128])
+    """
+    allowed = tunables.BLOCK_KV_BY_HEAD_DIM[head_dim]
+    taken = {(p[0], p[1], p[2] if len(p) > 2 else PLAN_BLOCK_KV) for p in plans}
+    added = []
+    for block_kv in dict.fromkeys(block_kvs):
+        if block_kv not in allowed:
+            continue
+        for point in itertools.product(dict.fromkeys(min_blocks), dict.fromkeys(max_splits), [block_kv]):
+            if point not in taken:
+                taken.add(point)
+                added.append(point)
+    return added, [b for b in dict.fromkeys(block_kvs) if b not in allowed]
+
+
+def input_memory_problem(lengths, *, kv_heads: int, head_dim: int, page_size: int, device) -> str | None:
+    """Why one batch's inputs do not fit in the device's free memory (``_memory_problem``), or
+    None: the K and V page pools of every rotated input set, and their fp32 copies when the
+    output is checked against the reference."""
+    device = torch.device(device)
+    element = 2  # both DTYPES are 16-bit
+    row = kv_heads * head_dim
+    live = 2 * sum(lengths) * row * element
+    pools = 2 * sum(math.ceil(n / page_size) for n in lengths) * page_size * row
+    needs = pools * element * bench.sets_for_bytes(live, device)
+    if sum(lengths) <= REFERENCE_MAX_KEYS:
+        needs += pools * 4
+    return _memory_problem(needs, device, "the batch's page pools")
+
+
 def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim: int = 128,
                       q_len: int = 1, dtype: str = "bf16", page_size: int = 64,
-                      peers=DEFAULT_PEERS, one_split: int = ONE_SPLIT, device=None,
+                      peers=DEFAULT_PEERS, one_split: int | None = ONE_SPLIT, device=None,
                       timing: dict | None = None, copy_bw: float | None = None,
-                      label: str | None = None, seed: int = 0, plans=(), wider=()) -> pd.DataFrame:
+                      label: str | None = None, seed: int = 0, plans=(), wider=(),
+                      layout_rows: bool = True) -> pd.DataFrame:
     """Time ours, ours_one_split, ``peers`` and the copy floor on one batch; one row each.
 
     ``lengths`` is a ``batches`` text or a sequence of ints; ``copy_bw`` (GB/s) is measured
-    when not given. ``plans``: ``(min_blocks_per_split, max_splits[, block_kv])`` tuples, each
-    timed as one more row of ours (``ours_m<min>_s<max>`` at ``block_kv`` ``PLAN_BLOCK_KV``,
-    ``ours_kv<block_kv>_m<min>_s<max>`` at another). ``wider``: factors ``N``, each
-    timed as ours behind a block table ``N`` times wider (``ours_wide<N>``: capacity invariance).
+    when not given. ``one_split`` None: no ours_one_split row. ``plans``:
+    ``(min_blocks_per_split, max_splits[, block_kv])`` tuples, each timed as one more row of
+    ours (named by ``plan_row_name``). ``wider``: factors ``N``, each timed as ours behind a
+    block table ``N`` times wider (``ours_wide<N>``: capacity invariance). ``layout_rows``
+    False: no ours_contiguous, ours_equal_length and ours_table rows (a sweep of the paged
+    knobs needs none of them).
     """
     check_peers(peers)
     if label is None:
@@ -293,15 +353,15 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
     num_sms = _num_sms(device)
     auto_knobs = _knob_columns(shape, num_sms)
     # (name, build, note, why it is skipped or None, knob columns)
-    impls = [("ours", lambda: _ours(sets), "", None, auto_knobs),
-             ("ours_one_split", lambda: _ours(sets, min_blocks_per_split=1, max_splits=one_split),
-              f"min_blocks_per_split=1, max_splits={one_split}", None,
-              _knob_columns(shape, num_sms, min_blocks_per_split=1, max_splits=one_split))]
+    impls = [("ours", lambda: _ours(sets), "", None, auto_knobs)]
+    if one_split is not None:
+        impls.append(("ours_one_split", lambda: _ours(sets, min_blocks_per_split=1, max_splits=one_split),
+                      f"min_blocks_per_split=1, max_splits={one_split}", None,
+                      _knob_columns(shape, num_sms, min_blocks_per_split=1, max_splits=one_split)))
     for min_blocks, max_splits, *rest in plans:
         block_kv = rest[0] if rest else PLAN_BLOCK_KV
-        prefix = "ours" if block_kv == PLAN_BLOCK_KV else f"ours_kv{block_kv}"
         knobs = dict(block_kv=block_kv, min_blocks_per_split=min_blocks, max_splits=max_splits)
-        impls.append((f"{prefix}_m{min_blocks}_s{max_splits}", functools.partial(_ours, sets, **knobs),
+        impls.append((plan_row_name(min_blocks, max_splits, block_kv), functools.partial(_ours, sets, **knobs),
                       f"block_kv={block_kv}, min_blocks_per_split={min_blocks}, max_splits={max_splits}", None,
                       _knob_columns(shape, num_sms, **knobs)))
     page_bytes = first.k_pool[0].numel() * first.k_pool.element_size()
@@ -311,17 +371,18 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
                       f"block table {mult}x wider, pools padded to its width",
                       _memory_problem(2 * len(sets) * pages * page_bytes, device, f"the {mult}x wider pools"),
                       auto_knobs))
-    # Every set is padded into a contiguous cache of its own.
-    contiguous = _memory_problem(len(sets) * _padded_bytes(shape), device, "the padded contiguous caches")
-    impls.append(("ours_contiguous", lambda: _ours_contiguous(sets),
-                  "the same lengths in a contiguous cache (B, max_len, Hkv, D)", contiguous, auto_knobs))
-    if len(set(lengths)) == 1 and device.type == "cuda":
-        splits = _plan_splits(shape, device)
-        impls.append(("ours_equal_length", lambda: _ours_contiguous(sets, splits, block_kv=64),
-                      f"equal-length call, no cache_seqlens: num_splits={splits} (the plan's), block_kv=64",
-                      contiguous, {}))
-        impls.append(("ours_table", lambda: _ours_contiguous(sets, 0),
-                      "equal-length call, no cache_seqlens, every tunable 'auto' (the table)", contiguous, {}))
+    if layout_rows:
+        # Every set is padded into a contiguous cache of its own.
+        contiguous = _memory_problem(len(sets) * _padded_bytes(shape), device, "the padded contiguous caches")
+        impls.append(("ours_contiguous", lambda: _ours_contiguous(sets),
+                      "the same lengths in a contiguous cache (B, max_len, Hkv, D)", contiguous, auto_knobs))
+        if len(set(lengths)) == 1 and device.type == "cuda":
+            splits = _plan_splits(shape, device)
+            impls.append(("ours_equal_length", lambda: _ours_contiguous(sets, splits, block_kv=64),
+                          f"equal-length call, no cache_seqlens: num_splits={splits} (the plan's), block_kv=64",
+                          contiguous, {}))
+            impls.append(("ours_table", lambda: _ours_contiguous(sets, 0),
+                          "equal-length call, no cache_seqlens, every tunable 'auto' (the table)", contiguous, {}))
     for name in peers:
         if name == "sdpa_cudnn":
             impls.append((name, lambda: _sdpa(shape, scale, sets, device), SDPA_NOTE,

@@ -1,5 +1,6 @@
 """``splitkv-tune compare-batch``: bad input ends in one line naming the option, exit 2, before
 CUDA is touched (nothing is measured or written)."""
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -94,3 +95,29 @@ def test_bad_plan_knobs(value, assert_clear_error):
 @pytest.mark.parametrize("value", ["1", "0", "2000", "x"])
 def test_bad_wider(value, assert_clear_error):
     assert_clear_error(invoke("--lengths", "4", "--wider", value), "--wider")
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("64:1,2", "got 2"), ("64:1:8:4", "got 4"), ("48:1:8", "block_kv must be one of"),
+    ("64:0:8", "min_blocks_per_split must be a positive integer"), ("64:1:0,8", "max_splits must be an integer"),
+    ("64,:1:8", "invalid literal"), ("a:1:8", "invalid literal"),
+])
+def test_bad_plan_space(value, expected, assert_clear_error):
+    assert_clear_error(invoke("--lengths", "4", "--plan-space", value), "--plan-space",
+                       "BLOCK_KVS:MIN_BLOCKS:MAX_SPLITS", expected)
+
+
+def test_a_plan_space_no_block_kv_of_which_is_built_at_the_head_dim(assert_clear_error):
+    assert_clear_error(invoke("--lengths", "4", "--head-dim", "256", "--plan-space", "128:1:8"), "--plan-space",
+                       "no block_kv of [128] is built at --head-dim 256")
+
+
+def test_the_plan_space_adds_the_points_not_given_by_plan(monkeypatch):
+    asked = {}
+    monkeypatch.setattr(bench, "backend_problem", lambda backend: None)
+    monkeypatch.setattr(compare_batch, "run_compare_batches",
+                        lambda texts, **kw: asked.update(kw) or pd.DataFrame(columns=compare_batch.COLUMNS))
+    result = invoke("--lengths", "4", "--head-dim", "256", "--plan", "2:8", "--plan-space", "64,128:1,2:8,8")
+    assert result.exit_code == 0, result.output
+    assert "leaving out block_kv [128], not built at head_dim 256" in result.output
+    assert asked["plans"] == [(2, 8), (1, 8, 64)]

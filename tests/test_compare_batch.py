@@ -196,3 +196,10 @@ def test_live_rows_record_their_knobs(calls, monkeypatch, tmp_path):
     (row,) = batch_table.build_batch_table(batch_table.read_compare_batch_csv(path), "h200")
     assert (row["lengths"], row["batch"], row["len_max"], row["len_mean"]) == ("40,7x3", 4, 40, 61 // 4)
     assert row["n_trials"] == 4 and row["source"] == "run.csv"  # ours, one split and the two plans
+
+
+def test_a_sweep_times_only_ours_and_the_plans(calls):
+    frame = cb.run_compare_batch("uniform:3:33", peers=(), one_split=None, plans=[(1, 4, 64), (2, 4, 128)],
+                                 layout_rows=False, **DIMS)
+    assert list(frame["impl"]) == ["ours", cb.plan_row_name(1, 4), cb.plan_row_name(2, 4, 128), "copy_floor"]
+    assert list(frame["impl"])[1:3] == ["ours_m1_s4", "ours_kv128_m2_s4"]
