@@ -24,13 +24,15 @@ def snapshot(storage, plan) -> dict:
                 key = owner.get("worker") or f"{owner.get('host', '?')}:{owner.get('pid', '?')}"
                 per_worker.setdefault(key, {"done": 0, "failed": 0, "running": 0})
                 per_worker[key]["running"] += 1
-            elif records.is_measurement(trial):
-                record = trial.user_attrs[records.RECORD_ATTR]
-                counts = per_worker.setdefault(record.get("worker") or "?",
-                                               {"done": 0, "failed": 0, "running": 0})
-                counts["done"] += 1
-                counts["failed"] += record.get("status") != "ok"
-                done += 1
+        # Each config once, as trials.csv holds it: two workers that raced to one config both
+        # measured it, and the second measurement is not progress.
+        for trial in records.measured_trials(study).values():
+            record = trial.user_attrs[records.RECORD_ATTR]
+            counts = per_worker.setdefault(record.get("worker") or "?",
+                                           {"done": 0, "failed": 0, "running": 0})
+            counts["done"] += 1
+            counts["failed"] += record.get("status") != "ok"
+            done += 1
     planned = sum(plan.trial_target(len(plan.candidates(shape))) for shape in plan.shapes)
     return {"per_worker": per_worker, "done": done, "planned": planned}
 
