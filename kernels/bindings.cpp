@@ -2,6 +2,7 @@
 // launch) in C++, so that a call costs a few microseconds of host time. Torch headers are used
 // here only; the kernel headers under kernels/include stay torch-free and take a params struct.
 #include <torch/extension.h>
+#include <pybind11/gil_safe_call_once.h>
 #include <pybind11/stl.h>
 
 #include <c10/cuda/CUDAGuard.h>
@@ -440,6 +441,13 @@ bool plan_key(const Dims& d, py::handle causal, py::handle softmax_scale, py::ha
   return true;
 }
 
+// The cached plans. Never destroyed: they hold Python objects. Entries are shared so that a
+// plan stays alive while a call runs Python (which may let another thread clear the cache).
+std::unordered_map<PlanKey, std::shared_ptr<Plan>, PlanKeyHash>* plan_cache() {
+  static auto* plans = new std::unordered_map<PlanKey, std::shared_ptr<Plan>, PlanKeyHash>();
+  return plans;
+}
+
 // ops._Plan.launch_args's tuple (num_splits, block_kv, reduce_threads, split_policy code, fused).
 LaunchArgs launch_args_of(py::handle obj) {
   const auto t = py::reinterpret_borrow<py::tuple>(obj);
@@ -449,7 +457,12 @@ LaunchArgs launch_args_of(py::handle obj) {
 // ops._plan_for's plan of a call signature, as the cache keeps it.
 std::shared_ptr<Plan> make_plan(const Dims& d, py::handle causal, py::handle softmax_scale,
                                 py::handle const (&tunables)[4], py::handle merge, py::handle enable_pdl) {
-  static py::handle plan_for = py::object(py::module_::import("splitkv_tune.ops").attr("_plan_for")).release();
+  // Imported once under pybind11's GIL-safe guard (a plain function-local static that runs
+  // Python can deadlock against a thread waiting on its guard).
+  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> storage;
+  const py::object& plan_for =
+      storage.call_once_and_store_result([] { return py::module_::import("splitkv_tune.ops").attr("_plan_for"); })
+          .get_stored();
   const py::tuple dims = py::make_tuple(d.dtype, d.head_dim, d.batch, d.q_heads, d.kv_heads, d.q_len, d.kv_len,
                                         d.device);
   auto made = std::make_shared<Plan>();
@@ -471,9 +484,7 @@ std::shared_ptr<Plan> make_plan(const Dims& d, py::handle causal, py::handle sof
 py::object attention(py::handle q, py::handle k, py::handle v, py::handle causal, py::handle softmax_scale,
                      py::handle num_splits, py::handle block_kv, py::handle reduce_threads, py::handle split_policy,
                      py::handle merge, py::handle workspace, py::handle return_lse, py::handle enable_pdl) {
-  // Never destroyed: holds Python objects. Entries are shared so that a plan stays alive while
-  // this call runs Python (which may let another thread clear the cache).
-  static auto* plans = new std::unordered_map<PlanKey, std::shared_ptr<Plan>, PlanKeyHash>();
+  auto* plans = plan_cache();
   const Dims d = checked_dims(q, k, v);
   py::handle const tunables[4] = {num_splits, block_kv, reduce_threads, split_policy};
   PlanKey key;
@@ -520,6 +531,8 @@ void combine(const at::Tensor& o_part, const at::Tensor& m, const at::Tensor& l,
 PYBIND11_MODULE(_C, m) {
   m.doc() = "split-KV FlashAttention forward kernels (CUTLASS/CuTe)";
   m.def("attention", &attention, "splitkv_attention's eager equal-length call: checks, plan, allocations, launch");
+  m.def("clear_plans", [] { plan_cache()->clear(); },
+        "Forget the eager call's plans (selector.clear_lookup_caches calls it after the tables change)");
   m.def("forward", &forward, "Launch the split kernel (and the combine kernel) for checked inputs");
   m.def("read_eager_counters", &read_eager_counters, "The fused merge's eager counters of (device, stream)");
   m.def("combine", &combine, "Launch the combine kernel alone on fp32 partials");

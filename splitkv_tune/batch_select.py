@@ -65,8 +65,11 @@ def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_head
     ``num_sms`` SMs. ``lengths``: the live lengths (ints) or a ``batches`` text. ``ValueError``
     for a table of several GPUs, or knobs the call would refuse."""
     lengths = batches.parse_lengths(lengths) if isinstance(lengths, str) else tuple(int(n) for n in lengths)
+    if not lengths or min(lengths) < 0:
+        raise ValueError(f"lengths must be one or more live lengths >= 0 (padded slots are 0), got {lengths!r}")
     summary = batches.describe(lengths)
-    batch, len_max, len_mean = summary["batch"], summary["max"], summary["total"] // summary["batch"]
+    # A class of empty sequences is as near as one of single keys: distances are in log2.
+    batch, len_max, len_mean = summary["batch"], max(1, summary["max"]), max(1, summary["total"] // summary["batch"])
     packed_rows = q_len * (q_heads // kv_heads)
     gpus = sorted({r["gpu"] for r in table})
     if len(gpus) > 1:

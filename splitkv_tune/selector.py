@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import sys
 from pathlib import Path
 
 from splitkv_tune import tunables
@@ -342,10 +343,14 @@ MAX_CLASSES = 4096
 
 
 def clear_lookup_caches() -> None:
-    """Forget the loaded tables and the precomputed classes: call it after changing
-    ``$SPLITKV_TUNE_TABLES`` or a table on disk in a running process."""
+    """Forget the loaded tables, the precomputed classes and the eager call's plans (which hold
+    the tunables ``"auto"`` resolved to): call it after changing ``$SPLITKV_TUNE_TABLES`` or a
+    table on disk in a running process."""
     _load_cached.cache_clear()
     _CLASSES.clear()
+    extension = sys.modules.get("splitkv_tune._C")  # loaded only where kernels were called
+    if extension is not None:
+        extension.clear_plans()
 
 
 def _new_class(shape: Shape, device_name: str, num_sms: int, key: tuple):

@@ -234,6 +234,17 @@ def test_the_nearest_class_gives_the_knobs(table_file):
     assert select(table, "skewed:32:131072:512").max_splits == 64
 
 
+def test_padded_slots_and_bad_lengths(table_file):
+    """A captured batch pads with empty sequences (length 0): they select like 1-key ones, never
+    divide by zero; no length or a negative one is a ValueError naming lengths."""
+    table = bt.read_batch_table(table_file)
+    assert select(table, [0, 0, 0, 0]).kwargs() == select(table, [1, 1, 1, 1]).kwargs()
+    assert select(table, [65536] + [0] * 15).row is not None
+    for bad in ([], [5, -1]):
+        with pytest.raises(ValueError, match="lengths"):
+            select(table, bad)
+
+
 def test_distance_and_its_ties():
     row = dict(batch=16, len_max=65536, len_mean=4096, page_size=64)
     assert bs.class_distance(row, 8, 65536, 4096, 64) == 1.0
