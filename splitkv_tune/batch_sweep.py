@@ -23,7 +23,8 @@ written to a temporary file in the same folder, fsynced and renamed over the CSV
 whole batch. Rewriting rather than appending costs a few hundred kilobytes per batch against
 seconds of GPU time, needs no repair of a torn last line on resume, and lets a batch whose
 rows lack points of the space be re-timed and replaced as one block. One sweep per CSV at a
-time: two writers would each rename their own copy over the other's.
+time (``sole_writer``, a lock beside the CSV): two writers would each rename their own copy
+over the other's.
 
 Outputs are checked as compare-batch checks them: against the fp32 reference up to
 ``compare_batch.REFERENCE_MAX_KEYS`` keys; a larger batch is checked against a FlashInfer peer
@@ -34,8 +35,10 @@ some of them (the space or the peers grew) is timed again, its old rows replaced
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
+import fcntl
 import io
 import math
 from pathlib import Path
@@ -123,6 +126,14 @@ def _head(entry, where: str) -> dict:
     return {f: entry[f] for f in HEAD_FIELDS}
 
 
+def _check_batch_fits_the_call(head: dict, lengths: tuple[int, ...], where: str) -> None:
+    """The bounds the paged call puts on a batch (``live.check_qkv``), checked before any timing."""
+    from splitkv_tune.ops import _MAX_GRID_Y
+    if len(lengths) * head["kv_heads"] > _MAX_GRID_Y:
+        raise GridError(f"{where}: batch * kv_heads must be at most {_MAX_GRID_Y}, got "
+                        f"{len(lengths)} * {head['kv_heads']}")
+
+
 def _lengths(raw, where: str) -> list[tuple[str, tuple[int, ...]]]:
     if not isinstance(raw, list) or not raw:
         raise GridError(f"{where}: expected a non-empty list of lengths texts (uniform:16:8192, ...)")
@@ -174,6 +185,8 @@ def parse_batch_grid(raw, source: str = "<grid>") -> BatchGrid:
         if not plans:
             raise GridError(f"{source}: space.block_kv: none of {dropped} is built at head_dim {head['head_dim']} "
                             f"(heads[{i}])")
+        for label, values in lengths:
+            _check_batch_fits_the_call(head, values, f"{source}: heads[{i}] with lengths {label}")
         for page_size in page_sizes:
             for label, values in lengths:
                 batch = Batch(head, page_size, label, values, tuple(plans))
@@ -241,9 +254,13 @@ def plan_sweep(grid: BatchGrid, csv_path, peers=()) -> SweepPlan:
     """Compare the grid's batches with the CSV's rows (``read_rows``)."""
     cb.check_peers(peers)
     rows = read_rows(csv_path)
+    # A row that failed or was wrong (an out-of-memory launch, say) is no measurement: its batch
+    # is timed again.
     present: dict[tuple, set] = {}
     for row in rows:
-        present.setdefault(tuple(row[c] for c in KEY_COLUMNS), set()).add(row["impl"])
+        impls = present.setdefault(tuple(row[c] for c in KEY_COLUMNS), set())
+        if row["status"] not in ("failed", "wrong"):
+            impls.add(row["impl"])
     todo, complete, stale = [], [], []
     for batch in grid.batches:
         have = present.get(batch.key())
@@ -270,6 +287,20 @@ def _csv_text(rows: list[dict]) -> str:
     writer.writeheader()
     writer.writerows(rows)
     return out.getvalue()
+
+
+@contextlib.contextmanager
+def sole_writer(csv_path):
+    """Holds an exclusive lock on ``CSV.lock`` while the block runs; ``ValueError`` naming the CSV
+    when another sweep holds it. The lock dies with its process, so a killed sweep leaves none."""
+    lock_path = Path(f"{csv_path}.lock")
+    with open(lock_path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"{csv_path}: another sweep-batches is writing it (it holds {lock_path}); "
+                             "wait for it, or give this one another --csv") from None
+        yield
 
 
 def run_sweep(sweep: SweepPlan, csv_path, *, device=None, copy_bw: float | None = None,

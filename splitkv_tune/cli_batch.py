@@ -176,7 +176,7 @@ def sweep_batches(grid_path, csv_path, peers, dry_run):
     grid = batch_sweep.load_batch_grid(grid_path)
     peer_list = _peer_list(peers)
     check_output(csv_path, "--csv")
-    sweep = batch_sweep.plan_sweep(grid, csv_path, peer_list)
+    sweep = batch_sweep.plan_sweep(grid, csv_path, peer_list)  # checks the CSV before any GPU work
     if dry_run:
         click.echo(batch_sweep.describe_plan(sweep, csv_path))
         return
@@ -184,10 +184,12 @@ def sweep_batches(grid_path, csv_path, peers, dry_run):
     problem = bench.backend_problem("cuda")
     if problem:
         raise click.UsageError(problem)
-    if sweep.complete:
-        click.echo(f"resuming {csv_path}: skipping {len(sweep.complete)} of {len(grid.batches)} batches "
-                   "already complete", err=True)
-    skipped = batch_sweep.run_sweep(sweep, csv_path, progress=lambda line: click.echo(line, err=True))
+    with batch_sweep.sole_writer(csv_path):
+        sweep = batch_sweep.plan_sweep(grid, csv_path, peer_list)  # as the CSV is once no one else writes it
+        if sweep.complete:
+            click.echo(f"resuming {csv_path}: skipping {len(sweep.complete)} of {len(grid.batches)} batches "
+                       "already complete", err=True)
+        skipped = batch_sweep.run_sweep(sweep, csv_path, progress=lambda line: click.echo(line, err=True))
     timed = len(sweep.todo) - len(skipped)
     click.echo(f"{csv_path}: {timed} batches timed, {len(sweep.complete)} complete before, {len(skipped)} skipped "
                f"(inputs too large for the device); next: splitkv-tune batch-table {csv_path} --gpu GPU -o FILE")

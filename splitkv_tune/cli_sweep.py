@@ -203,7 +203,13 @@ def table(trials, output, gpu, min_margin, from_storage, storage):
     for path in trials_paths:
         if not path.is_file():
             raise click.BadParameter(f"{path} does not exist", param_hint="TRIALS")
-    measured = pd.concat([read_trials(path) for path in trials_paths], ignore_index=True)
+    parts = [read_trials(path) for path in trials_paths]
+    with_gpu = [path for path, part in zip(trials_paths, parts) if "gpu" in part.columns]
+    if gpu is None and 0 < len(with_gpu) < len(parts):
+        without = next(path for path in trials_paths if path not in with_gpu)
+        raise click.BadParameter(f"{with_gpu[0]} has a gpu column and {without} has none: name the GPU with --gpu",
+                                 param_hint="TRIALS")
+    measured = pd.concat(parts, ignore_index=True)
     margin = table_mod.MIN_NOISE_MARGIN if min_margin is None else min_margin
     result = table_mod.build_heuristics(measured, gpu, margin)
     sources = ", ".join(map(str, trials_paths))

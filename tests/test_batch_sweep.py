@@ -238,6 +238,36 @@ def test_a_batch_missing_rows_of_the_space_is_timed_again_and_replaced(ours, tmp
         assert len(impls) == len(set(impls)) == (10 if key[-1] == "40,7x3" else ROWS), key
 
 
+def test_a_batch_with_a_failed_row_is_timed_again(ours, tmp_path):
+    sweep(tmp_path)
+    path = tmp_path / "rows.csv"
+    rows = read_csv(path)
+    failed_key = tuple(rows[0][c] for c in bsw.KEY_COLUMNS)
+    rows[0]["status"] = "failed"
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    plan = bsw.plan_sweep(bsw.parse_batch_grid(copy.deepcopy(GRID)), path)
+    assert [b.key() for b in plan.stale] == [failed_key] and len(plan.complete) == BATCHES - 1
+
+
+def test_one_writer_per_csv(tmp_path):
+    path = tmp_path / "rows.csv"
+    with bsw.sole_writer(path):
+        with pytest.raises(ValueError, match="another sweep-batches is writing it"):
+            with bsw.sole_writer(path):
+                pass
+    with bsw.sole_writer(path):  # released with the block
+        pass
+
+
+def test_a_batch_the_call_refuses_is_a_grid_error():
+    grid = _changed(["lengths"], ["uniform:40000:16"])
+    with pytest.raises(GridError, match=r"batch \* kv_heads must be at most 65535, got 40000 \* 2"):
+        bsw.parse_batch_grid(grid, "g.yaml")
+
+
 def test_batches_that_do_not_fit_are_skipped_with_the_reason(ours, tmp_path, monkeypatch):
     monkeypatch.setattr(cb, "input_memory_problem",
                         lambda lengths, **kw: "too large" if kw["page_size"] == 32 else None)
