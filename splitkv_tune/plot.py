@@ -10,7 +10,7 @@
 * ``<base>_noise`` - the winner's ``(p80 - p20) / median``, the quantity the tie rule uses;
 * ``<base>_regret`` (``plot_regret``, from an ``evaluate --out-csv`` file) - regret of the
   selector and of each baseline rule per shape;
-* ``skewed_batches`` in a directory, else ``<base>_batches`` (``plot_batches``, from
+* ``paged_batches`` in a directory, else ``<base>_batches`` (``plot_batches``, from
   ``compare-batch`` CSVs) - our speed-up per paged batch over one S and over the peers.
 
 Every figure's title names the GPU and the sweep run(s); each panel names its dtype, head

@@ -9,7 +9,7 @@ batch keeps its slot, hatched and marked with the reason's first words.
 
 The title names the GPU (the files' gpu column, else ``gpu``, else the ``results/<gpu>/``
 folder they sit in), the run (the file names) and the batches' dtype, D, Hq, Hkv and page.
-Files: ``skewed_batches.png/.svg`` in an output directory, ``<base>_batches.png/.svg`` else.
+Files: ``paged_batches.png/.svg`` in an output directory, ``<base>_batches.png/.svg`` else.
 """
 from __future__ import annotations
 
@@ -80,8 +80,9 @@ def _why_missing(ours, rival) -> str:
 
 
 def _batches(frame: pd.DataFrame):
-    """Each batch's rows as {impl: row}, in file order."""
-    for _, part in frame.groupby(["run", "label"], sort=False):
+    """Each batch's rows as {impl: row}, in file order. A batch is its label and its head shape
+    and page size: a sweep-batches CSV times one label under several of them."""
+    for _, part in frame.groupby(["run", "label"] + SHAPE_KEYS, sort=False):
         yield {r["impl"]: r for _, r in part.iterrows()}
 
 
@@ -126,10 +127,14 @@ def _span(lo: float, hi: float) -> str:
     return fmt_count(lo) if lo == hi else f"{fmt_count(lo)}–{fmt_count(hi)}"
 
 
-def _caption(by_impl: dict, runs: int) -> str:
-    """Tick label of one batch: its label, lengths, and our time against the copy floor."""
+def _caption(by_impl: dict, runs: int, shapes: int) -> str:
+    """Tick label of one batch: its label (and head shape and page when the figure has several),
+    lengths, and our time against the copy floor."""
     first, ours = next(iter(by_impl.values())), by_impl.get(OURS)
     lines = [first["label"]] + ([first["run"]] if runs > 1 else [])
+    if shapes > 1:
+        d, hd, hq, hkv, pg = (first[k] for k in SHAPE_KEYS)
+        lines.append(f"{d} D={hd:.0f} Hq={hq:.0f} Hkv={hkv:.0f} page {pg:.0f}")
     lines.append(f"B {first['batch']:.0f}, lengths {_span(first['min_len'], first['max_len'])}"
                  f" (mean {first['mean_len']:.0f})")
     lines.append(f"ours {ours['median_us']:.1f} µs = {ours['x_floor']:.2f}× copy floor"
@@ -171,9 +176,9 @@ def draw(frame: pd.DataFrame, ratios: pd.DataFrame, title: str):
     shown = list(ratios["speedup"].dropna())  # room for the values written past the bars
     ax.set_xlim(min([0.5] + [v / 1.3 for v in shown]), max([2.0] + [v * 1.5 for v in shown]))
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}×"))
-    runs = frame["run"].nunique()
+    runs, shapes = frame["run"].nunique(), len(frame[SHAPE_KEYS].drop_duplicates())
     ax.set_yticks([g * (k + 1) + (k - 1) / 2 for g in range(groups)],
-                  [_caption(by_impl, runs) for by_impl in _batches(frame)], fontsize=9)
+                  [_caption(by_impl, runs, shapes) for by_impl in _batches(frame)], fontsize=9)
     ax.set_ylim(groups * (k + 1) - 1, -1)
     ax.set_xlabel("speed-up of ours = rival's median time / ours (×, log2 axis; right of 1× "
                   "ours is faster)")
@@ -202,4 +207,4 @@ def plot_batches(paths, out, gpu: str | None = None) -> list[Path]:
     title = ("Speed-up of our kernel over one S for the whole batch and over the peers, per "
              "paged batch\n" + where)
     fig = draw(frame, ratios, title)
-    return _save(fig, out_base(out, "skewed"), "_batches")
+    return _save(fig, out_base(out, "paged"), "_batches")

@@ -17,11 +17,11 @@ STATIC = PAGED / "static_first_wave_2026-12-02.csv"
 def test_figure_for_a_committed_csv(tmp_path):
     r = CliRunner().invoke(plot, ["--batches", str(STATIC), "-o", str(tmp_path) + "/"])
     assert r.exit_code == 0, r.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["skewed_batches.png",
-                                                          "skewed_batches.svg"]
-    w, h = png_size(tmp_path / "skewed_batches.png")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["paged_batches.png",
+                                                          "paged_batches.svg"]
+    w, h = png_size(tmp_path / "paged_batches.png")
     assert w >= 900 and h >= 600
-    svg = (tmp_path / "skewed_batches.svg").read_text()
+    svg = (tmp_path / "paged_batches.svg").read_text()
     for text in ("nvidia_h200", "static_first_wave_2026-12-02.csv",
                  "bf16 D=128 Hq=32 Hkv=8 page 64", "skewed:16:65536:1024", "1.25× copy floor",
                  "ours_one_split", "1.69×"):
@@ -47,6 +47,24 @@ def test_ratios_are_the_csvs(tmp_path):
     assert timed["speedup"].to_numpy() == pytest.approx(timed["ours_speedup"].to_numpy())
     ours = raw[raw["impl"] == "ours"].set_index("label")["x_floor"]
     assert ratios["x_floor"].to_numpy() == pytest.approx(ours[ratios["label"]].to_numpy())
+
+
+def test_one_label_under_two_page_sizes_is_two_batches(tmp_path):
+    """A sweep-batches CSV times one label under several head shapes and page sizes: each is a
+    batch of its own, named by its shape and page on the figure."""
+    raw = pd.read_csv(STATIC)
+    one = raw[raw["label"] == raw["label"].iloc[0]]
+    other = one.assign(page_size=16, median_us=one["median_us"] * 2)
+    other.loc[other["impl"] == "ours", "median_us"] = one.loc[one["impl"] == "ours", "median_us"].to_numpy()
+    path = tmp_path / "two_pages.csv"
+    pd.concat([one, other]).to_csv(path, index=False)
+    ratios = batch_ratios(read_batches(path))
+    timed = ratios.dropna(subset=["speedup"])
+    assert len(ratios) == 2 * len(rivals_of(one))
+    first, second = (timed.iloc[: len(timed) // 2], timed.iloc[len(timed) // 2:])
+    assert second["speedup"].to_numpy() == pytest.approx(2 * first["speedup"].to_numpy())
+    svg = next(p for p in plot_batches([path], tmp_path / "fig", "h200") if p.suffix == ".svg").read_text()
+    assert "page 16" in svg and "page 64" in svg
 
 
 def _edited(tmp_path) -> Path:
@@ -101,4 +119,4 @@ def test_bad_csvs_exit_2_naming_the_file(tmp_path, text, problem):
     r = CliRunner().invoke(plot, ["--batches", str(bad), "-o", str(tmp_path / "out") + "/"])
     assert r.exit_code == 2, r.output
     assert str(bad) in r.output and problem in r.output
-    assert not (tmp_path / "out" / "skewed_batches.png").exists()
+    assert not (tmp_path / "out" / "paged_batches.png").exists()
