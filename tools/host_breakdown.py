@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from splitkv_tune import ops
+from splitkv_tune import _rules, ops
 
 
 def per_call(fn, calls=64, reps=200):
@@ -37,7 +37,7 @@ def main():
             q = torch.randn(b, sq, 32, 128, device="cuda", dtype=torch.bfloat16)
             k = torch.randn(b, sk, hkv, 128, device="cuda", dtype=torch.bfloat16)
             v = torch.randn_like(k)
-            plan = ops._plan_for((1 if q.dtype == torch.bfloat16 else 0, 128, b, 32, hkv, sq, sk, 0), False, None,
+            plan = ops._plan_for((_rules.DTYPE_CODES["bf16"], 128, b, 32, hkv, sq, sk, 0), False, None,
                                  16, 64, 128, "blocks", "auto", True)
             args = plan.launch_args(sk)
             rows = {
@@ -60,4 +60,5 @@ def main():
                 print(f"  {name:32s} median {med:6.2f}  p20 {p20:6.2f}  p80 {p80:6.2f} us")
 
 
-main()
+if __name__ == "__main__":
+    main()
