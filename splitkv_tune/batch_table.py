@@ -146,10 +146,15 @@ def _read_rows(path) -> tuple[list[str], list[dict]]:
     return header, rows
 
 
-def validate_batch_records(header, rows, source="<batch table>") -> list[dict]:
+def _csv_row(i: int) -> str:
+    return f"row {i + 1} (line {i + 2})"
+
+
+def validate_batch_records(header, rows, source="<batch table>", where=_csv_row) -> list[dict]:
     """Typed records of a batch table's raw rows (dicts of strings under ``header``):
-    ``TableError`` naming ``source`` and the problem (a v1 table, missing columns, a wrong
-    schema version, a bad cell, cells that disagree, a duplicate class, no rows)."""
+    ``TableError`` naming ``source``, the row (``where(index)``) and the problem (a v1 table,
+    missing columns, a wrong schema version, a bad cell, cells that disagree, a duplicate
+    class, no rows)."""
     _refuse_v1(header, source)
     missing = [c for c in BATCH_TABLE_COLUMNS if c not in header]
     if missing:
@@ -167,7 +172,7 @@ def validate_batch_records(header, rows, source="<batch table>") -> list[dict]:
             if key in seen:
                 raise ValueError("duplicate class (same GPU and class as an earlier row)")
         except ValueError as exc:
-            raise TableError(source, f"row {i + 1} (line {i + 2}): {exc}") from None
+            raise TableError(source, f"{where(i)}: {exc}") from None
         seen.add(key)
         records.append(rec)
     if not records:
@@ -178,7 +183,11 @@ def validate_batch_records(header, rows, source="<batch table>") -> list[dict]:
 def read_batch_table(path, gpu: str | None = None) -> list[dict]:
     """Read and validate a batch table (plain dicts, no pandas); with ``gpu``, that GPU's rows
     only, and an error naming the GPUs the table has when there are none."""
-    records = validate_batch_records(*_read_rows(path), source=path)
+    return keep_batch_gpu(validate_batch_records(*_read_rows(path), source=path), gpu, path)
+
+
+def keep_batch_gpu(records: list[dict], gpu: str | None, path) -> list[dict]:
+    """``gpu``'s records (all with None); ``TableError`` naming the GPUs there are when none."""
     if gpu is None:
         return records
     kept = [r for r in records if resolve_gpu(r["gpu"]) == resolve_gpu(gpu)]

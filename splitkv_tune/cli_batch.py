@@ -205,14 +205,16 @@ def _gpu(ctx, param, value):
 @click.command("batch-table")
 @click.argument("csvs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--gpu", required=True, callback=_gpu, help="The GPU that measured the CSVs (h200, 'NVIDIA H200', ...).")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The batch table to write.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="The batch table to write: CSV, or JSON (schemas/batch_table.schema.json) when it ends in .json.")
 @exit_2_on_bad_input
 def batch_table(csvs, gpu, output):
     """The batch-class table (schema v2): per batch class of the compare-batch CSVs, the knobs of
     the fastest of our rows (ours, ours_one_split, --plan rows), ties to the smaller max_splits."""
     from splitkv_tune import batch_table as bt
+    from splitkv_tune.batch_table_json import write_batch_table_json
     check_output(output, "-o")
     rows = [row for path in csvs for row in bt.read_compare_batch_csv(path)]
     table = bt.build_batch_table(rows, gpu)
-    bt.write_batch_table(output, table)
+    (write_batch_table_json if output.endswith(".json") else bt.write_batch_table)(output, table)
     click.echo(f"wrote {output}: {len(table)} batch classes from {len(rows)} rows of {len(csvs)} CSV files")

@@ -112,7 +112,7 @@ def _paged_lengths(ctx, param, value):
               help="With --paged: tokens per page, for the batch table's classes [default: 64].")
 @click.option("--batch-table", type=click.Path(dir_okay=False), default=None,
               help="With --paged and --lengths: take the knobs from this batch-class table (splitkv-tune "
-                   "batch-table) instead of the live defaults.")
+                   "batch-table; CSV or .json) instead of the live defaults.")
 @shape_options
 @_exit_2_on_bad_input
 def select(gpu, table, as_json, paged, lengths, page_size, batch_table, **shape_kw):
@@ -175,8 +175,8 @@ def _select_paged(shape: Shape, gpu, as_json: bool, lengths, page_size: int, bat
         if lengths is None:
             _fail("--batch-table needs --lengths: the table's classes are summaries of the batch's lengths")
         from splitkv_tune.batch_select import select_live_knobs
-        from splitkv_tune.batch_table import read_batch_table
-        knobs = select_live_knobs(read_batch_table(batch_table, gpu=gpu), dtype=shape.dtype, head_dim=shape.head_dim,
+        from splitkv_tune.batch_table_json import read_batch_table_file
+        knobs = select_live_knobs(read_batch_table_file(batch_table, gpu=gpu), dtype=shape.dtype, head_dim=shape.head_dim,
                                   q_heads=shape.q_heads, kv_heads=shape.kv_heads, q_len=shape.q_len,
                                   page_size=page_size, lengths=lengths, num_sms=profile.sms)
         bkv, min_blocks, bound, why = knobs.block_kv, knobs.min_blocks_per_split, knobs.max_splits, knobs.reason

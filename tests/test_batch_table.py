@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from splitkv_tune import batch_select as bs
 from splitkv_tune import batch_table as bt
+from splitkv_tune import batch_table_json as btj
 from splitkv_tune import compare_batch, live
 from splitkv_tune.cli import main
 from splitkv_tune.table_schema import TableError, read_heuristics, read_heuristics_records
@@ -351,3 +352,118 @@ def test_select_paged_bad_input(table_file, assert_clear_error):
     assert_clear_error(invoke(*PAGED, "--lengths", "8", "--batch-table", table_file),
                        "row 1 (line 2): max_splits is empty or NaN")
 
+
+
+# --- the JSON file -----------------------------------------------------------------------------
+
+def test_json_round_trip_and_the_schema(table_file, tmp_path):
+    import jsonschema
+    table = bt.read_batch_table(table_file)
+    path = btj.write_batch_table_json(tmp_path / "batch_table.json", table)
+    doc = json.loads(path.read_text())
+    assert doc["_metadata"] == {"schema_version": 2, "gpu": "nvidia_h200", "device_name": "NVIDIA_H200",
+                                "device_names": ["NVIDIA_H200"], "tool": "splitkv-tune",
+                                "tool_version": doc["_metadata"]["tool_version"]}
+    assert doc["classes"][1]["max_splits"] == 64 and doc["classes"][0]["page_size"] == 64
+    assert btj.read_batch_table_json(path) == table
+    assert btj.read_batch_table_file(path, gpu="NVIDIA H200") == btj.read_batch_table_file(table_file) == table
+    with pytest.raises(TableError, match=r"unknown GPU 'h100' for this table"):
+        btj.read_batch_table_json(path, gpu="h100")
+    schema = json.loads(btj.SCHEMA_PATH.read_text())
+    assert btj.SCHEMA_PATH.parent == Path(bt.__file__).parent / "schemas"  # in the package, as v1's is
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert not list(jsonschema.Draft202012Validator(schema).iter_errors(doc))
+    entry = schema["$defs"]["class"]
+    assert list(entry["properties"]) == btj.CLASS_KEYS
+    assert set(entry["required"]) == set(btj.CLASS_KEYS) - set(bt.RUNNER_UP_COLUMNS)
+    assert entry["properties"]["max_splits"]["maximum"] == live.tunables.MAX_SPLITS
+
+
+def test_json_without_a_runner_up_and_needing_no_pandas(tmp_path):
+    (row,) = bt.build_batch_table(as_read([compare_row("ours", 96.0)]), "h100")
+    doc = btj.batch_table_json([row])
+    assert doc["_metadata"]["device_names"] == ["NVIDIA_H100_80GB_HBM3", "NVIDIA_H100"]
+    assert doc["classes"][0]["runner_up_block_kv"] is None
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({**doc, "classes": [{k: v for k, v in doc["classes"][0].items()
+                                                    if not k.startswith("runner_up")}]}))
+    assert btj.read_batch_table_json(path) == [row]  # runner-up keys absent: none
+    import subprocess
+    code = ("import sys; from splitkv_tune import batch_select, batch_table_json; "
+            f"batch_table_json.read_batch_table_json({str(path)!r}); assert 'pandas' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    with pytest.raises(TableError, match="one JSON file holds one GPU's classes"):
+        btj.batch_table_json([row, dict(row, gpu="nvidia_h200")])
+
+
+@pytest.mark.parametrize("change,problem", [
+    (dict(max_splits="16"), "classes[0]: max_splits must be an integer, got \"16\""),
+    (dict(max_splits=16.0), "classes[0]: max_splits must be an integer, got '16.0'"),
+    (dict(max_splits=129), "classes[0]: max_splits must be in [1, 128], got 129"),
+    (dict(block_kv=True), "block_kv must be an integer, got true"),
+    (dict(median_us=0), "classes[0]: median_us must be > 0"),
+    (dict(median_us="1.0"), "median_us must be a number"),
+    (dict(dtype=16), "dtype must be a string"),
+    (dict(merge="none"), "merge must be one of ('auto', 'kernel', 'fused')"),
+    (dict(source="../x y"), "source must match"),
+    (dict(len_mean=9000), "len_mean (9000) exceeds len_max (8192)"),
+    (dict(q_len=None), "q_len is null"),
+    (dict(runner_up_us=None), "the runner-up columns"),
+    (dict(extra=1), "classes[0]: unknown keys: extra"),
+    (dict(page_size=...), "classes[0]: missing keys: page_size"),
+    (dict(_metadata=dict(schema_version=3)), "classes[0]: schema_version is 3, this reader reads version 2"),
+    (dict(_metadata=dict(schema_version=1)), "this is a v1 heuristics export"),
+    (dict(_metadata=dict(gpu='h200";x')), "gpu must match"),
+    (dict(_metadata=dict(device_name="H100")), "the device_name among the device_names"),
+    (dict(_metadata=dict(tool=None)), "tool must be 'splitkv-tune'"),
+    (dict(classes=[]), "empty table (no rows)"),
+    (dict(classes={}), "classes must be a list"),
+])
+def test_bad_json_is_named(table_file, tmp_path, change, problem):
+    """Each bad file gives a TableError naming it and the problem, and the schema refuses it too."""
+    import jsonschema
+    doc = btj.batch_table_json(bt.read_batch_table(table_file))
+    meta = {**doc["_metadata"], **change.pop("_metadata", {})}
+    classes = change.pop("classes", None)
+    if classes is None:
+        classes = [{k: v for k, v in {**doc["classes"][0], **change}.items() if v is not ...}] + doc["classes"][1:]
+    bad = {"_metadata": meta, "classes": classes}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(TableError) as err:
+        btj.read_batch_table_json(path)
+    assert str(err.value).startswith(f"{path}: ") and problem in str(err.value)
+    schema = json.loads(btj.SCHEMA_PATH.read_text())
+    # The reader's own checks: values that must agree, and 16.0 (an integer to JSON Schema, not to the CSV's cells).
+    reader_only = ("len_mean", "runner-up", "among the device_names", "'16.0'")
+    assert list(jsonschema.Draft202012Validator(schema).iter_errors(bad)) or any(c in problem for c in reader_only)
+
+
+def test_bad_json_files(tmp_path):
+    (tmp_path / "text.json").write_text("gpu,dtype\n")
+    (tmp_path / "list.json").write_text("[]")
+    (tmp_path / "dir.json").mkdir()
+    v1 = tmp_path / "v1.json"
+    v1.write_text(json.dumps({"_metadata": {"schema_version": 1}, "classes": []}))
+    for name, problem in [("text.json", "not JSON"), ("list.json", "the document must be an object"),
+                          ("dir.json", "is a directory"), ("absent.json", "no such file"),
+                          ("v1.json", "this is a v1 heuristics export")]:
+        with pytest.raises(TableError) as err:
+            btj.read_batch_table_json(tmp_path / name)
+        assert str(err.value).startswith(f"{tmp_path / name}: ") and problem in str(err.value)
+
+
+def test_batch_table_command_writes_json_that_select_reads(tmp_path, table_file, assert_clear_error):
+    out = tmp_path / "batch_table.json"
+    result = invoke("batch-table", write_csv(tmp_path / "run.csv", SKEWED_RUN + UNIFORM_RUN), "--gpu", "h200",
+                    "-o", out)
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}: 2 batch classes" in result.output
+    assert btj.read_batch_table_json(out) == bt.read_batch_table(table_file)
+    args = [*PAGED, "--lengths", "skewed:16:65536:1024", "--json"]
+    from_json = json.loads(invoke(*args, "--batch-table", out).output)
+    from_csv = json.loads(invoke(*args, "--batch-table", table_file).output)
+    assert from_json.pop("batch_table") == str(out) and from_csv.pop("batch_table") == str(table_file)
+    assert from_json == from_csv and from_json["max_splits"] == 64
+    out.write_text(out.read_text().replace('"max_splits": 64', '"max_splits": 0'))
+    assert_clear_error(invoke(*args, "--batch-table", out), f"{out}: classes[1]: max_splits must be in [1, 128]")

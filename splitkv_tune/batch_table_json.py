@@ -1,0 +1,150 @@
+"""The batch-class table (schema v2, :mod:`splitkv_tune.batch_table`) as one JSON file per GPU,
+the v1 JSON export's counterpart (:mod:`splitkv_tune.export`).
+
+``{"_metadata": {...}, "classes": [...]}``: ``_metadata`` holds the schema version (2), the
+normalised GPU name, the vLLM-style device name (``torch.cuda.get_device_name().replace(" ",
+"_")``, the first of the GPU's profile, the name upper-cased without one) and all of them, and
+the tool and its version; ``classes`` holds the table's rows without ``schema_version`` and
+``gpu``, integers as integers, the runner-up ``null`` when there is none. The format is
+``schemas/batch_table.schema.json`` (JSON Schema). The reader checks the JSON types and keys,
+then turns the classes back into the CSV's cells and checks them as ``read_batch_table`` does,
+so it returns the same records. It imports no pandas.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from splitkv_tune import __version__
+from splitkv_tune.batch_table import (_CHOICES, _FLOATS, _NAMES, BATCH_SCHEMA_VERSION, BATCH_TABLE_COLUMNS,
+                                      RUNNER_UP_COLUMNS, keep_batch_gpu, read_batch_table,
+                                      validate_batch_records)
+from splitkv_tune.gpus import device_names as profile_device_names
+from splitkv_tune.table_schema import NAME_RE, TableError
+
+SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "batch_table.schema.json"
+CLASS_KEYS = BATCH_TABLE_COLUMNS[2:]  # less schema_version and gpu, which _metadata holds
+META_KEYS = ["schema_version", "gpu", "device_name", "device_names", "tool", "tool_version"]
+
+
+def device_names(gpu: str) -> list[str]:
+    """vLLM-style device names of a table GPU, as ``export.device_names`` gives them.
+
+    >>> device_names("nvidia_h200"), device_names("my_gpu_9000")
+    (['NVIDIA_H200'], ['MY_GPU_9000'])
+    """
+    return profile_device_names(gpu) or [gpu.upper()]
+
+
+def batch_table_json(records) -> dict:
+    """The JSON document of one GPU's batch-table records (``TableError`` for several GPUs)."""
+    records = validate_batch_records(BATCH_TABLE_COLUMNS, [{c: _cell_text(r.get(c)) for c in BATCH_TABLE_COLUMNS}
+                                                          for r in records], "<export>")
+    gpus = sorted({r["gpu"] for r in records})
+    if len(gpus) != 1:
+        raise TableError("<export>", f"one JSON file holds one GPU's classes, the table has {', '.join(gpus)}")
+    names = device_names(gpus[0])
+    meta = {"schema_version": BATCH_SCHEMA_VERSION, "gpu": gpus[0], "device_name": names[0],
+            "device_names": names, "tool": "splitkv-tune", "tool_version": __version__}
+    return {"_metadata": meta, "classes": [{c: r[c] for c in CLASS_KEYS} for r in records]}
+
+
+def _cell_text(value) -> str:
+    return "" if value is None else str(value)
+
+
+def write_batch_table_json(path, records) -> Path:
+    """Write the JSON document atomically (``table.atomic_write_text``, which brings pandas)."""
+    from splitkv_tune.table import atomic_write_text
+    return atomic_write_text(path, json.dumps(batch_table_json(records), indent=1, allow_nan=False) + "\n")
+
+
+def _json_cell(col: str, value) -> str:
+    """One class value as the CSV cell it stands for; ``ValueError`` for the wrong JSON type
+    (a number as text, text as a number, true/false, null where a value must be)."""
+    if value is None:
+        if col in RUNNER_UP_COLUMNS:
+            return ""
+        raise ValueError(f"{col} is null")
+    text = col in _NAMES or col in _CHOICES
+    if isinstance(value, bool) or isinstance(value, str) != text or not isinstance(value, (str, int, float)):
+        kind = "a string" if text else "a number" if col in _FLOATS else "an integer"
+        raise ValueError(f"{col} must be {kind}, got {json.dumps(value)[:40]}")
+    return value if text else str(value)  # 64.0 for an integer reads as '64.0', which the cell check refuses
+
+
+def _check_metadata(meta) -> dict:
+    if not isinstance(meta, dict):
+        raise ValueError("_metadata must be an object")
+    if meta.get("schema_version") == 1:
+        raise ValueError("this is a v1 heuristics export (`splitkv-tune export --format json`), not a batch-class "
+                         "table (schema v2); read it with splitkv_tune.export.load_json")
+    _check_keys("_metadata", meta, META_KEYS, META_KEYS)
+    if type(meta["schema_version"]) is not int:
+        raise ValueError(f"_metadata: schema_version must be an integer, got {json.dumps(meta['schema_version'])}")
+    names = meta["device_names"]
+    if (not isinstance(names, list) or not names
+            or not all(isinstance(n, str) and NAME_RE.fullmatch(n) for n in names + [meta["device_name"]])
+            or meta["device_name"] not in names):
+        raise ValueError(f"_metadata: device_name and device_names must be names matching {NAME_RE.pattern}, "
+                         "the device_name among the device_names")
+    if meta["tool"] != "splitkv-tune" or not isinstance(meta["tool_version"], str):
+        raise ValueError("_metadata: tool must be 'splitkv-tune' and tool_version a string")
+    return meta
+
+
+def _check_keys(where: str, obj: dict, required, allowed) -> None:
+    missing = [k for k in required if k not in obj]
+    unknown = [k for k in obj if k not in allowed]
+    if missing or unknown:
+        raise ValueError(f"{where}: " + "; ".join(
+            part for part in (missing and "missing keys: " + ", ".join(missing),
+                              unknown and "unknown keys: " + ", ".join(map(str, unknown))) if part))
+
+
+def _raw_rows(doc) -> list[dict]:
+    """The document's classes as CSV rows (dicts of strings); ``ValueError`` naming the problem."""
+    if not isinstance(doc, dict):
+        raise ValueError("the document must be an object")
+    _check_keys("the document", doc, ["_metadata", "classes"], ["_metadata", "classes"])
+    meta = _check_metadata(doc["_metadata"])
+    classes = doc["classes"]
+    if not isinstance(classes, list):
+        raise ValueError("classes must be a list")
+    rows = []
+    for i, entry in enumerate(classes):
+        if not isinstance(entry, dict):
+            raise ValueError(f"classes[{i}] must be an object")
+        required = [c for c in CLASS_KEYS if c not in RUNNER_UP_COLUMNS]
+        _check_keys(f"classes[{i}]", entry, required, CLASS_KEYS)
+        try:
+            row = {c: _json_cell(c, entry.get(c)) for c in CLASS_KEYS}
+        except ValueError as exc:
+            raise ValueError(f"classes[{i}]: {exc}") from None
+        rows.append({**row, "schema_version": str(meta["schema_version"]), "gpu": _json_cell("gpu", meta["gpu"])})
+    return rows
+
+
+def read_batch_table_json(path, gpu: str | None = None) -> list[dict]:
+    """Read and validate a batch table's JSON file: the records ``read_batch_table`` gives for
+    its CSV (with ``gpu``, that GPU's only); ``TableError`` naming the file and the problem."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TableError(path, "no such file") from None
+    except IsADirectoryError:
+        raise TableError(path, "is a directory, not a JSON file") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise TableError(path, f"not JSON ({str(exc).strip()[:80]})") from None
+    try:
+        rows = _raw_rows(doc)
+    except ValueError as exc:
+        raise TableError(path, f"not a splitkv-tune batch table JSON: {exc}") from None
+    records = validate_batch_records(BATCH_TABLE_COLUMNS, rows, path, where=lambda i: f"classes[{i}]")
+    return keep_batch_gpu(records, gpu, path)
+
+
+def read_batch_table_file(path, gpu: str | None = None) -> list[dict]:
+    """A batch table's records from its CSV or its ``.json`` file."""
+    reader = read_batch_table_json if str(path).endswith(".json") else read_batch_table
+    return reader(path, gpu=gpu)
