@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "splitkv/rules.h"
+#include "splitkv/tunables.h"
 
 namespace splitkv::binding {
 
@@ -79,20 +80,21 @@ inline bool tunable_word(py::handle obj, bool policy, int64_t& word) {
   return false;
 }
 
+// A merge as a key word: its index in tunables.MERGES (kMerges); -1 for anything else.
 inline int merge_word(py::handle obj) {
   if (!PyUnicode_Check(obj.ptr())) return -1;
-  const char* names[] = {"auto", "fused", "kernel"};
-  for (int i = 0; i < 3; ++i) {
-    if (PyUnicode_CompareWithASCIIString(obj.ptr(), names[i]) == 0) return i;
+  for (int i = 0; i < int(std::size(kMerges)); ++i) {
+    if (PyUnicode_CompareWithASCIIString(obj.ptr(), kMerges[i]) == 0) return i;
   }
   return -1;
 }
 
 // The key of a call signature; false when an argument is not of a type keyed here.
 inline bool plan_key(const Dims& d, py::handle causal, py::handle softmax_scale, py::handle const (&tunables)[4],
-              py::handle merge, py::handle enable_pdl, PlanKey& key) {
+                     py::handle merge, py::handle enable_pdl, PlanKey& key) {
   const auto is_bool = [](py::handle obj) { return obj.ptr() == Py_True || obj.ptr() == Py_False; };
-  if (!is_bool(causal) || !is_bool(enable_pdl) || merge_word(merge) < 0) return false;
+  const int merge_code = merge_word(merge);
+  if (!is_bool(causal) || !is_bool(enable_pdl) || merge_code < 0) return false;
   int64_t scale_bits = 0;
   if (PyFloat_CheckExact(softmax_scale.ptr())) {
     const double scale = PyFloat_AS_DOUBLE(softmax_scale.ptr());
@@ -101,7 +103,7 @@ inline bool plan_key(const Dims& d, py::handle causal, py::handle softmax_scale,
     return false;
   }
   key = {d.dtype, d.device, d.head_dim, d.batch, d.q_heads, d.kv_heads, d.q_len, causal.ptr() == Py_True,
-         enable_pdl.ptr() == Py_True, merge_word(merge), softmax_scale.is_none(), scale_bits};
+         enable_pdl.ptr() == Py_True, merge_code, softmax_scale.is_none(), scale_bits};
   for (int i = 0; i < 4; ++i) {
     if (!tunable_word(tunables[i], i == 3, key[12 + i])) {
       PyErr_Clear();
@@ -126,7 +128,7 @@ inline LaunchArgs launch_args_of(py::handle obj) {
 
 // ops._plan_for's plan of a call signature, as the cache keeps it.
 inline std::shared_ptr<Plan> make_plan(const Dims& d, py::handle causal, py::handle softmax_scale,
-                                py::handle const (&tunables)[4], py::handle merge, py::handle enable_pdl) {
+                                       py::handle const (&tunables)[4], py::handle merge, py::handle enable_pdl) {
   // Imported once under pybind11's GIL-safe guard (a plain function-local static that runs
   // Python can deadlock against a thread waiting on its guard).
   PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> storage;

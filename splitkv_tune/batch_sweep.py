@@ -47,7 +47,7 @@ import yaml
 
 from splitkv_tune import batches, bench, plan
 from splitkv_tune import compare_batch as cb
-from splitkv_tune.batch_table import LABEL_RE
+from splitkv_tune.batch_table import LABEL_RE, read_csv_rows
 from splitkv_tune.gpu_profiles import PROFILES
 from splitkv_tune.space import GridError, _parse_timing
 from splitkv_tune.table_schema import TableError
@@ -213,14 +213,9 @@ def read_rows(path) -> list[dict]:
     path = Path(path)
     if not path.exists() or path.stat().st_size == 0:
         return []
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            rows = list(reader)
-    except (csv.Error, UnicodeDecodeError) as err:
-        raise TableError(path, f"not a readable CSV ({str(err).strip()[:80]})") from None
-    if reader.fieldnames != cb.COLUMNS:
-        have = reader.fieldnames or []
+    header, rows = read_csv_rows(path)
+    if header != cb.COLUMNS:
+        have = header
         missing = [c for c in cb.COLUMNS if c not in have]
         unexpected = [c for c in have if c not in cb.COLUMNS]
         what = (f"missing {missing}, unexpected {unexpected}" if missing or unexpected

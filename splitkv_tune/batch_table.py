@@ -128,7 +128,7 @@ def _refuse_v1(header, source) -> None:
                                  "CSVs with `splitkv-tune batch-table CSV... --gpu GPU -o FILE`")
 
 
-def _read_rows(path) -> tuple[list[str], list[dict]]:
+def read_csv_rows(path) -> tuple[list[str], list[dict]]:
     """(header, rows as dicts of strings) of a CSV; ``TableError`` when it cannot be read."""
     try:
         with open(path, newline="", encoding="utf-8") as f:
@@ -183,7 +183,7 @@ def validate_batch_records(header, rows, source="<batch table>", where=_csv_row)
 def read_batch_table(path, gpu: str | None = None) -> list[dict]:
     """Read and validate a batch table (plain dicts, no pandas); with ``gpu``, that GPU's rows
     only, and an error naming the GPUs the table has when there are none."""
-    return keep_batch_gpu(validate_batch_records(*_read_rows(path), source=path), gpu, path)
+    return keep_batch_gpu(validate_batch_records(*read_csv_rows(path), source=path), gpu, path)
 
 
 def keep_batch_gpu(records: list[dict], gpu: str | None, path) -> list[dict]:
@@ -217,7 +217,7 @@ def write_batch_table(path, records) -> Path:
 def read_compare_batch_csv(path) -> list[dict]:
     """A compare-batch CSV's rows (dicts of strings), each with ``source``: the file's name
     (characters outside ``NAME_RE`` as ``_``). ``TableError`` when the knob columns are missing."""
-    header, rows = _read_rows(path)
+    header, rows = read_csv_rows(path)
     missing = [c for c in COMPARE_COLUMNS if c not in header]
     if missing:
         hint = (": written before compare-batch recorded its knobs; rerun compare-batch"
@@ -257,13 +257,14 @@ def _tie_order(rec: dict) -> tuple:
 
 def pick_batch_winner(candidates: list[dict], min_margin: float) -> tuple[dict, dict | None, float]:
     """(winner, runner-up or None, noise margin) of one class's candidates (see the module)."""
+    from splitkv_tune.table import noise_margin
     ordered = sorted(candidates, key=lambda r: r["median_us"])
     fastest = ordered[0]
-    margin = max((fastest["p80_us"] - fastest["p20_us"]) / fastest["median_us"], min_margin)
+    margin = noise_margin(fastest["median_us"], fastest["p20_us"], fastest["p80_us"], min_margin)
     ties = [r for r in ordered if r["median_us"] <= fastest["median_us"] * (1 + margin)]
     winner = min(ties, key=_tie_order)
     runner_up = next((r for r in ordered if _knobs(r) != _knobs(winner)), None)
-    return winner, runner_up, round(margin, 6)
+    return winner, runner_up, margin
 
 
 def build_batch_table(rows, gpu: str, min_margin: float | None = None) -> list[dict]:

@@ -107,14 +107,15 @@ def compare_batch(batches, page_size, q_heads, kv_heads, head_dim, q_len, dtype,
         except ValueError as err:
             raise click.UsageError(f"bad shape for --lengths {text!r}: {err}")
     peer_list = _peer_list(peers)
+    from splitkv_tune.compare_batch import PLAN_BLOCK_KV
+    from splitkv_tune.plan import check_plan_knobs
     plan_knobs = []
     for text in plans:
         try:
             knobs = tuple(int(x) for x in text.split(":"))
-            min_blocks, max_splits, *rest = knobs
-            if (len(knobs) > 3 or min_blocks < 1 or not 1 <= max_splits <= tunables.MAX_SPLITS
-                    or any(b not in tunables.BLOCK_KV for b in rest)):
+            if not 2 <= len(knobs) <= 3:
                 raise ValueError
+            check_plan_knobs(knobs[2] if len(knobs) == 3 else PLAN_BLOCK_KV, knobs[0], knobs[1])
         except ValueError:
             raise click.BadParameter(f"expected MIN_BLOCKS:MAX_SPLITS[:BLOCK_KV] with MIN_BLOCKS >= 1, MAX_SPLITS in "
                                      f"[1, {tunables.MAX_SPLITS}] and BLOCK_KV one of {tunables.BLOCK_KV}, got "

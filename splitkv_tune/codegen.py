@@ -50,7 +50,9 @@ def header_text() -> str:
             + f"inline constexpr int kMaxSplits = {tunables.MAX_SPLITS};\n"
             + f"inline constexpr int kKVStages = {tunables.KV_STAGES};\n"
             + f"inline constexpr int kNumWarps = {tunables.NUM_WARPS};\n"
-            + f"inline constexpr int kWorkspaceAlign = {tunables.WORKSPACE_ALIGN};\n\n"
+            + f"inline constexpr int kWorkspaceAlign = {tunables.WORKSPACE_ALIGN};\n"
+            + "inline constexpr const char* kMerges[] = {"
+            + ", ".join(f'"{m}"' for m in tunables.MERGES) + "};\n\n"
             + "template <int N>\nconstexpr bool is_allowed(const int (&values)[N], int v) {\n"
             + "  for (int x : values) if (x == v) return true;\n  return false;\n}\n\n"
             + _block_kv_rule()

@@ -44,7 +44,6 @@ from splitkv_tune.tunables import Config, Shape
 
 CONFIGS_DIR = data_dir("configs")
 NAMED_GRIDS = ("quick", "full")
-DEFAULT_NUM_SPLITS = tunables.SPLIT_COUNTS
 SHAPE_FIELDS = ("dtype", "head_dim", "batch", "q_heads", "kv_heads", "q_len", "kv_len", "causal")
 REQUIRED_SHAPE_FIELDS = SHAPE_FIELDS[:-1]
 TIMING_DEFAULTS = {"warmup_s": 0.05, "min_reps": 20, "max_time_s": 0.2}
@@ -57,7 +56,7 @@ class GridError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class SearchSpace:
-    num_splits: tuple[int, ...] = DEFAULT_NUM_SPLITS
+    num_splits: tuple[int, ...] = tunables.SPLIT_COUNTS
     block_kv: tuple[int, ...] = tunables.BLOCK_KV
     reduce_threads: tuple[int, ...] = tunables.REDUCE_THREADS
     split_policy: tuple[str, ...] = tunables.SPLIT_POLICIES

@@ -86,6 +86,18 @@ def usable_trials(trials: pd.DataFrame) -> pd.DataFrame:
     return ok.drop_duplicates(keys, keep="last")
 
 
+def noise_margin(median_us: float, p20_us: float, p80_us: float, min_margin: float = MIN_NOISE_MARGIN) -> float:
+    """The relative margin within which a candidate ties the fastest: the fastest's
+    ``(p80 - p20) / median`` (0 when its spread is unknown), at least ``min_margin``, rounded
+    to 6 places as the tables store it.
+
+    >>> noise_margin(10.0, 9.9, 10.1), noise_margin(10.0, float("nan"), 10.1, 0.01)
+    (0.02, 0.01)
+    """
+    spread = (p80_us - p20_us) / median_us
+    return round(float(max(spread if math.isfinite(spread) else 0.0, min_margin)), 6)
+
+
 def pick_winner(group: pd.DataFrame, min_margin: float = MIN_NOISE_MARGIN):
     """(winner row, runner-up row or None, noise margin) of one shape's usable trials.
 
@@ -98,14 +110,13 @@ def pick_winner(group: pd.DataFrame, min_margin: float = MIN_NOISE_MARGIN):
     """
     ordered = group.sort_values("median_us", kind="stable")
     fastest = ordered.iloc[0]
-    spread = (fastest["p80_us"] - fastest["p20_us"]) / fastest["median_us"]
-    margin = float(max(spread if math.isfinite(spread) else 0.0, min_margin))
+    margin = noise_margin(fastest["median_us"], fastest["p20_us"], fastest["p80_us"], min_margin)
     ties = ordered[ordered["median_us"] <= fastest["median_us"] * (1 + margin)]
     sort_cols = ["num_splits"] + (["workspace_bytes"] if "workspace_bytes" in ties else [])
     winner = ties.sort_values(sort_cols + ["median_us"], kind="stable").iloc[0]
     rest = ordered.drop(index=winner.name)
     runner = rest.iloc[0] if len(rest) else None
-    return winner, runner, round(margin, 6)
+    return winner, runner, margin
 
 
 def build_heuristics(trials: pd.DataFrame, gpu: str | None = None,

@@ -11,6 +11,7 @@ inline constexpr int kMaxSplits = 128;
 inline constexpr int kKVStages = 2;
 inline constexpr int kNumWarps = 4;
 inline constexpr int kWorkspaceAlign = 128;
+inline constexpr const char* kMerges[] = {"auto", "kernel", "fused"};
 
 template <int N>
 constexpr bool is_allowed(const int (&values)[N], int v) {

@@ -31,6 +31,7 @@ inline constexpr int kMaxSplits = 128;
 inline constexpr int kKVStages = 2;
 inline constexpr int kNumWarps = 4;
 inline constexpr int kWorkspaceAlign = 128;
+inline constexpr const char* kMerges[] = {"auto", "kernel", "fused"};
 
 template <int N>
 constexpr bool is_allowed(const int (&values)[N], int v) {
@@ -385,6 +386,8 @@ inline std::int64_t combine_ns(const Shape& s, std::int64_t splits) {
          splits * kCombineSplitNs;
 }
 
+constexpr std::int64_t kMaxPerSm = kCtasPerSm > 1 ? kCtasPerSm : 1;  // CTAs of one SM, at most
+
 // The analytic fallback (analytic.analytic_config): the fewest splits, then the largest block,
 // whose modelled ns (analytic.analytic_cost_ns) is within kTiePct of the least, over every
 // block that fits kFbSmemPerBlock (the smallest always) and every S of kSplitCounts up to
@@ -394,33 +397,41 @@ inline Config analytic(const Shape& s, std::int64_t sms) {
   const int bm = block_m_for(rows_all);
   const std::int64_t rows = min64(bm, rows_all), base_ctas = s.b * s.hkv * ceil_div(rows_all, bm);
   const std::int64_t q_bytes = rows * s.d * 2, out_split = rows * (s.d + 2) * 4, out_whole = rows * s.d * 2;
-  std::int64_t combine[kNumSplitCounts];  // the combine kernel's ns per split count (0 for one split)
-  for (int j = 0; j < kNumSplitCounts; ++j) combine[j] = kSplitCounts[j] > 1 ? combine_ns(s, kSplitCounts[j]) : 0;
   std::int64_t ns[kNumSplitCounts][kNumBlockKv];  // -1: not a candidate
   std::int64_t least = -1;
   for (int i = 0; i < kNumBlockKv; ++i) {
     const std::int64_t bkv = kBlockKv[i], smem = smem_bytes(s.d, bkv, bm);
-    const bool fits = i == 0 || smem <= kFbSmemPerBlock;
-    const std::int64_t nblk = ceil_div(s.sk, bkv), top = min64(kMaxSplits, nblk);
+    const std::int64_t nblk = ceil_div(s.sk, bkv), top = i == 0 || smem <= kFbSmemPerBlock ? min64(kMaxSplits, nblk) : 0;
     const std::int64_t per_sm_max = max64(1, min64(kCtasPerSm, kFbSmemPerSm / smem)), slots = sms * per_sm_max;
     const std::int64_t tile_bytes = bkv * s.d * 4;
     const std::int64_t cta_bw = tile_bytes * 1000 / (kBlockNs + tile_bytes * 1000 / kCtaStreamMBps);
-    // A wave of `active` CTAs: they share their SM's issue rate and all share DRAM.
-    const auto wave = [&](std::int64_t active, std::int64_t cta_bytes, std::int64_t cta_flops) {
-      const std::int64_t per_sm = ceil_div(active, sms);
-      const std::int64_t rate = min64(cta_bw / per_sm, kCopyBwMBps / active);
-      return kTileNs + max64(cta_bytes * 1000 / max64(1, rate), cta_flops * per_sm / kMmaFlopPerNsPerSm);
-    };
+    // A wave of `a` CTAs with p = ceil(a / sms) on some SM streams each CTA at
+    // min(cta_bw / p, kCopyBwMBps / a): cta_bw / p while a <= dram_free[p].
+    std::int64_t rate[kMaxPerSm + 1] = {}, dram_free[kMaxPerSm + 1] = {};
+    for (std::int64_t p = 1; p <= per_sm_max; ++p) {
+      rate[p] = cta_bw / p;
+      dram_free[p] = rate[p] > 0 ? kCopyBwMBps / rate[p] : 0;
+    }
+    const std::int64_t full_rate = max64(1, min64(rate[per_sm_max], kCopyBwMBps / slots));
     for (int j = 0; j < kNumSplitCounts; ++j) {
       const std::int64_t splits = kSplitCounts[j];
       ns[j][i] = -1;
-      if (!fits || splits > top) continue;
+      if (splits > top) continue;
       const std::int64_t keys = min64(ceil_div(nblk, splits) * bkv, s.sk);
       const std::int64_t cta_bytes = keys * s.d * 4 + q_bytes + (splits > 1 ? out_split : out_whole);
       const std::int64_t cta_flops = 4 * bm * keys * s.d;
       const std::int64_t ctas = base_ctas * splits, full = ctas / slots, tail = ctas - full * slots;
-      std::int64_t t = kLaunchNs + combine[j] + full * wave(slots, cta_bytes, cta_flops);
-      if (tail) t += wave(tail, cta_bytes, cta_flops);
+      std::int64_t t = kLaunchNs + (splits > 1 ? combine_ns(s, splits) : 0);
+      if (full) {
+        t += full * (kTileNs + max64(cta_bytes * 1000 / full_rate, cta_flops * per_sm_max / kMmaFlopPerNsPerSm));
+      }
+      if (tail) {
+        std::int64_t p = 1;  // ceil(tail / sms)
+        while (p * sms < tail) ++p;
+        const std::int64_t mem = tail <= dram_free[p] ? cta_bytes * 1000 / max64(1, rate[p])
+                                                      : cta_bytes * 1000 / max64(1, min64(rate[p], kCopyBwMBps / tail));
+        t += kTileNs + max64(mem, cta_flops * p / kMmaFlopPerNsPerSm);
+      }
       ns[j][i] = t;
       if (least < 0 || t < least) least = t;
     }
@@ -432,7 +443,7 @@ inline Config analytic(const Shape& s, std::int64_t sms) {
       }
     }
   }
-  return Config{1, kBlockKv[0], 128, kBlocks};  // unreachable: S = 1 with the smallest block is a candidate
+  return Config{1, kBlockKv[0], 128, kBlocks};  // not reached: S = 1 with the smallest block is a candidate
 }
 
 inline Config finalize(Config c, const Shape& s, bool check_smem, std::int64_t smem_limit) {
