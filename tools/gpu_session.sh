@@ -9,7 +9,8 @@
 # (~1.5 min); compare: quick grid and causal prefill against the peers (~6 min); compare-batch:
 # the paged kernel on the skewed batches and a uniform one vs FlashInfer and padded cuDNN
 # SDPA (~5 min, FlashInfer's JIT included; compare_batch.md/.csv); compare-batch-small: single
-# sequences, 64 x 2K and a log-normal batch vs FlashInfer (~2 min). COMPARE_BATCH_ARGS adds
+# sequences, 64 x 2K and a log-normal batch vs FlashInfer (~2 min); batch-sweep: sweep-batches
+# over configs/batches.yaml (~8 min, resumable; BATCH_SWEEP_TIMEOUT). COMPARE_BATCH_ARGS adds
 # options (e.g. --plan 4:64 --peers sdpa_cudnn). The build
 # takes ~2.5 min first (wheels installed, two split kernels per instantiation).
 # Offline hosts: carry the wheels of gpu-wheelhouse.sh in .whl/ (installed to /tmp/site first).
@@ -131,7 +132,14 @@ for mode in "$@"; do
       compare_batch compare_batch_small 300 --lengths 4096 --lengths 32768 --lengths uniform:64:2048 \
         --lengths lognormal:32:4096:1.0 --peers flashinfer_decode_tc,flashinfer_xqa --one-split 8
       ;;
-    *) echo "usage: $0 MODE... (test, head-dims, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small)" >&2; exit 2 ;;
+    batch-sweep)
+      # The batch grid (configs/batches.yaml) swept into results/<gpu>/batches/batches.csv; a
+      # rerun times only the batches not yet there, so a timeout loses at most the batch in flight.
+      mkdir -p results/$gpu/batches
+      timeout ${BATCH_SWEEP_TIMEOUT:-540} splitkv-tune sweep-batches --grid configs/batches.yaml \
+        --csv results/$gpu/batches/batches.csv 2>&1 | tail -40 | tee -a "$out/batch_sweep.log"
+      ;;
+    *) echo "usage: $0 MODE... (test, head-dims, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, batch-sweep)" >&2; exit 2 ;;
   esac
   pack
 done
