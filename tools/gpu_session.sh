@@ -10,7 +10,8 @@
 # the paged kernel on the skewed batches and a uniform one vs FlashInfer and padded cuDNN
 # SDPA (~5 min, FlashInfer's JIT included; compare_batch.md/.csv); compare-batch-small: single
 # sequences, 64 x 2K and a log-normal batch vs FlashInfer (~2 min); batch-sweep: sweep-batches
-# over configs/batches.yaml (~8 min, resumable; BATCH_SWEEP_TIMEOUT). COMPARE_BATCH_ARGS adds
+# over configs/batches.yaml (~8 min, resumable; BATCH_SWEEP_TIMEOUT); batch-evaluate: its batch
+# table, then evaluate-batches on configs/batches_holdout.yaml (~4 min). COMPARE_BATCH_ARGS adds
 # options (e.g. --plan 4:64 --peers sdpa_cudnn). The build
 # takes ~2.5 min first (wheels installed, two split kernels per instantiation).
 # Offline hosts: carry the wheels of gpu-wheelhouse.sh in .whl/ (installed to /tmp/site first).
@@ -139,7 +140,17 @@ for mode in "$@"; do
       timeout ${BATCH_SWEEP_TIMEOUT:-540} splitkv-tune sweep-batches --grid configs/batches.yaml \
         --csv results/$gpu/batches/batches.csv 2>&1 | tail -40 | tee -a "$out/batch_sweep.log"
       ;;
-    *) echo "usage: $0 MODE... (test, head-dims, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, batch-sweep)" >&2; exit 2 ;;
+    batch-evaluate)
+      # The batch table from the batch sweep, then the selector's regret on the held-out batches
+      # (configs/batches_holdout.yaml, ~4 min, resumable) beside the auto knobs and FA2/FA3/SGLang.
+      splitkv-tune batch-table results/$gpu/batches/batches.csv --gpu "$flag" -o results/$gpu/batch_table.csv \
+        2>&1 | tee -a "$out/batch_evaluate.log"
+      timeout ${BATCH_EVALUATE_TIMEOUT:-400} splitkv-tune evaluate-batches --grid configs/batches_holdout.yaml \
+        --gpu "$flag" --batch-table results/$gpu/batch_table.csv --csv results/$gpu/batches/holdout.csv \
+        --out-md results/$gpu/batches/evaluate_holdout.md --out-csv results/$gpu/batches/evaluate_holdout.csv \
+        2>&1 | tail -40 | tee -a "$out/batch_evaluate.log"
+      ;;
+    *) echo "usage: $0 MODE... (test, head-dims, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, batch-sweep, batch-evaluate)" >&2; exit 2 ;;
   esac
   pack
 done
