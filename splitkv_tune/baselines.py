@@ -105,3 +105,67 @@ def baseline_configs(shape: Shape, num_sms: int) -> dict[str, Config]:
     """``{"fa2": ..., "fa3": ..., "sglang": ...}`` for one shape."""
     return {"fa2": space.fa2_config(shape, num_sms), "fa3": fa3_config(shape, num_sms),
             "sglang": sglang_config(shape, num_sms)}
+
+
+# The rules on a variable-length batch, as the paged call's plan knobs. Our plan gives sequence i
+# ``clamp(ceil(ceil(len_i / block_kv) / min_blocks_per_split), 1, max_splits)`` splits
+# (rules.h ``live_splits``). A rule of K keys per split and S splits on the longest sequence
+# becomes ``(floor(K / block_kv), S)``: the longest sequence gets exactly S splits (the tiles
+# round K down, so it needs at least S, and the cap holds it there), a shorter one at least the
+# rule's count, one more where the rounding of K to whole tiles crosses a boundary.
+
+def _live_block_kv(head_dim: int) -> int:
+    return min(BASELINE_BLOCK_KV, max(tunables.block_kvs_for(head_dim)))
+
+
+def _plan(keys_per_split: float, splits: int, block_kv: int) -> tuple[int, int, int]:
+    return max(1, int(keys_per_split // block_kv)), max(1, min(splits, tunables.MAX_SPLITS)), block_kv
+
+
+def live_baseline_plans(head: dict, lengths, num_sms: int) -> dict[str, tuple[int, int, int]]:
+    """``{"fa2" | "fa3" | "sglang": (min_blocks_per_split, max_splits, block_kv)}``: each rule on
+    the batch ``lengths`` (live lengths, every one at least 1) of ``head`` (dtype, head_dim,
+    q_heads, kv_heads, q_len), as the paged call's knobs (see above).
+
+    * FlashAttention-2 (``mha_fwd_kvcache``): one split count for the batch, from its longest
+      sequence.
+    * FlashAttention-3 (``prepare_varlen_num_blocks``): per sequence
+      ``min(static, ceil(n_blocks_i / blocks_per_sm))``, with the static count of the longest
+      sequence and ``blocks_per_sm`` from the batch's total tiles, FA3's tiles of ``kBlockN``
+      keys: ``blocks_per_sm * kBlockN`` keys per split.
+    * SGLang (``get_num_kv_splits_triton``): one chunk of keys per split for the batch, the
+      smaller of ``max / min(ceil(max / min), 8)`` and ``max / min(ceil(cores' budget / grid), 8)``;
+      8 splits at most.
+
+    >>> head = dict(dtype="bf16", head_dim=128, q_heads=8, kv_heads=1, q_len=1)
+    >>> live_baseline_plans(head, [65536] + [1024] * 15, 132)
+    {'fa2': (1, 7, 128), 'fa3': (5, 8, 128), 'sglang': (64, 8, 128)}
+    """
+    lengths = [int(n) for n in lengths]
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"lengths must be one or more live lengths >= 1, got {lengths!r}")
+    longest, shortest, batch = max(lengths), min(lengths), len(lengths)
+    shape = Shape(head["dtype"], head["head_dim"], batch, head["q_heads"], head["kv_heads"], head["q_len"], longest)
+    block_kv = _live_block_kv(shape.head_dim)
+    plans = {"fa2": _plan(block_kv, tunables.fa2_num_splits(shape, num_sms), block_kv)}
+
+    block_m, block_n = fa3_tile(shape)
+    m_blocks = ceil_div(shape.packed_rows, block_m)
+    static = fa3_static_splits(batch * shape.kv_heads * m_blocks, num_sms, ceil_div(longest, block_n), m_blocks,
+                               longest * 2 * shape.head_dim * 2, shape.causal)
+    total_blocks = sum(m_blocks * ceil_div(n, block_n) for n in lengths)
+    blocks_per_sm = math.ceil(total_blocks * 1.1 * shape.kv_heads / num_sms)
+    longest_splits = max(min(ceil_div(ceil_div(longest, block_n), blocks_per_sm), static), 1)
+    plans["fa3"] = _plan(blocks_per_sm * block_n, longest_splits, block_kv)
+
+    if longest * 8 < shortest * 10:  # lengths within 25% count as equal
+        shortest = longest
+    chunk_by_lengths = ceil_div(longest, min(ceil_div(longest, shortest), SGLANG_MAX_KV_SPLITS))
+    budget = int(num_sms * max(math.log2(longest / 64.0), 1.0))
+    group = shape.group
+    rows = batch * shape.q_len
+    grid = rows * shape.q_heads if group == 1 else rows * ceil_div(shape.q_heads, min(16, group))
+    chunk_by_cores = ceil_div(longest, min(ceil_div(budget, grid), SGLANG_MAX_KV_SPLITS))
+    chunk = min(chunk_by_lengths, chunk_by_cores)
+    plans["sglang"] = _plan(chunk, ceil_div(longest, chunk), block_kv)
+    return plans

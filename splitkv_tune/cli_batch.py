@@ -181,19 +181,30 @@ def sweep_batches(grid_path, csv_path, peers, dry_run):
     if dry_run:
         click.echo(batch_sweep.describe_plan(sweep, csv_path))
         return
+    _check_cuda()
+    _run_batch_sweep(grid, csv_path, peer_list)
+    click.echo(f"next: splitkv-tune batch-table {csv_path} --gpu GPU -o FILE")
+
+
+def _check_cuda() -> None:
     from splitkv_tune import bench
     problem = bench.backend_problem("cuda")
     if problem:
         raise click.UsageError(problem)
+
+
+def _run_batch_sweep(grid, csv_path, peers=()) -> None:
+    """Time the grid's batches not complete in the CSV, holding its lock; one summary line."""
+    from splitkv_tune import batch_sweep
     with batch_sweep.sole_writer(csv_path):
-        sweep = batch_sweep.plan_sweep(grid, csv_path, peer_list)  # as the CSV is once no one else writes it
+        sweep = batch_sweep.plan_sweep(grid, csv_path, peers)  # as the CSV is once no one else writes it
         if sweep.complete:
             click.echo(f"resuming {csv_path}: skipping {len(sweep.complete)} of {len(grid.batches)} batches "
                        "already complete", err=True)
         skipped = batch_sweep.run_sweep(sweep, csv_path, progress=lambda line: click.echo(line, err=True))
     timed = len(sweep.todo) - len(skipped)
     click.echo(f"{csv_path}: {timed} batches timed, {len(sweep.complete)} complete before, {len(skipped)} skipped "
-               f"(inputs too large for the device); next: splitkv-tune batch-table {csv_path} --gpu GPU -o FILE")
+               "(inputs too large for the device)")
 
 
 def _gpu(ctx, param, value):
@@ -219,3 +230,62 @@ def batch_table(csvs, gpu, output):
     table = bt.build_batch_table(rows, gpu)
     (write_batch_table_json if output.endswith(".json") else bt.write_batch_table)(output, table)
     click.echo(f"wrote {output}: {len(table)} batch classes from {len(rows)} rows of {len(csvs)} CSV files")
+
+
+@click.command("evaluate-batches")
+@click.option("--grid", "grid_path", required=True, type=click.Path(dir_okay=False),
+              help="A batch grid of held-out batches (as sweep-batches reads), e.g. configs/batches_holdout.yaml.")
+@click.option("--batch-table", "table_path", required=True, type=click.Path(dir_okay=False),
+              help="The batch table the selector reads (CSV or .json).")
+@click.option("--gpu", required=True, callback=_gpu, help="The GPU of the table's rows (h200, 'NVIDIA H200', ...).")
+@click.option("--csv", "csv_path", required=True, type=click.Path(dir_okay=False),
+              help="The timed rows, in compare-batch's columns; an existing one is resumed.")
+@click.option("--num-sms", type=click.IntRange(1, 1024), default=None,
+              help="The SM count the rules plan for; default: the GPU's profile, else the device's.")
+@click.option("--report-only", is_flag=True, help="Time nothing: the report from the rows already in --csv.")
+@click.option("--out-md", type=click.Path(dir_okay=False), default=None, help="Also write the report here.")
+@click.option("--out-csv", type=click.Path(dir_okay=False), default=None, help="The per-batch regrets as CSV.")
+@exit_2_on_bad_input
+def evaluate_batches(grid_path, table_path, gpu, csv_path, num_sms, report_only, out_md, out_csv):
+    """Regret of the batch selector, the auto knobs and the FA2, FA3 and SGLang rules on held-out
+    batches, each against the batch's oracle (the fastest point of an exhaustive search)."""
+    import csv
+
+    from splitkv_tune import batch_evaluation, batch_sweep
+    from splitkv_tune.batch_table_json import read_batch_table_file
+    from splitkv_tune.gpu_profiles import PROFILES
+    from splitkv_tune.gpus import resolve_gpu
+    from splitkv_tune.table import atomic_write_text
+    for path, hint in ((out_md, "--out-md"), (out_csv, "--out-csv"), (csv_path, "--csv")):
+        check_output(path, hint)
+    grid = batch_sweep.load_batch_grid(grid_path)
+    table = read_batch_table_file(table_path, gpu=gpu)
+    profile = PROFILES.get(resolve_gpu(gpu))
+    if not report_only:
+        _check_cuda()
+        import torch
+        device_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        if num_sms is not None and num_sms != device_sms:
+            raise click.BadParameter(f"the device has {device_sms} SMs; the rules must plan for the SMs they run on, "
+                                     f"got {num_sms}", param_hint="--num-sms")
+        num_sms = device_sms
+    elif num_sms is None:
+        if profile is None:
+            raise click.UsageError(f"no profile for GPU {gpu!r} (configs/gpus.yaml): give --num-sms")
+        num_sms = profile["sms"]
+    batch_sweep.read_rows(csv_path)  # a CSV in other columns is refused before any timing
+    if not report_only:
+        _run_batch_sweep(batch_evaluation.with_rule_plans(grid, table, num_sms), csv_path)
+    records = batch_evaluation.regret_records(grid, batch_sweep.read_rows(csv_path), table, num_sms)
+    report = batch_evaluation.markdown_report(
+        records, f"Batch selector regret: {grid.source} on {resolve_gpu(gpu)} ({num_sms} SMs), table {table_path}")
+    click.echo(report)
+    if out_md:
+        atomic_write_text(out_md, report)
+    if out_csv:
+        import io
+        text = io.StringIO()
+        writer = csv.DictWriter(text, list(records[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(records)
+        atomic_write_text(out_csv, text.getvalue())

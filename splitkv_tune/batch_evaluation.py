@@ -1,0 +1,137 @@
+"""Regret of the batch selector on held-out batches (``splitkv-tune evaluate-batches``).
+
+A held-out grid (a ``sweep-batches`` grid whose batches the table was not built from, e.g.
+``configs/batches_holdout.yaml``) is timed as ``sweep-batches`` times it, every point of its
+space, with each rule's knobs added as plan rows (``with_rule_plans``):
+
+* ``selector`` - ``batch_select.select_live_knobs`` on the batch table;
+* ``auto`` - the paged call's ``"auto"`` knobs (``live.resolve_knobs``: the ``ours`` row);
+* ``fa2``, ``fa3``, ``sglang`` - the other projects' rules on the batch as our plan's knobs
+  (``baselines.live_baseline_plans``).
+
+The oracle of a batch is its fastest row of our live path (the space, the rules' rows and
+``ours``); a rule's regret is ``time(rule's knobs) / oracle - 1``. The rows are matched by
+their knob columns (``block_kv``, ``min_blocks_per_split``, ``max_splits``), so a rule whose
+knobs equal a point of the space or ``ours`` reads that row. The summary over batches is the
+geometric mean of ``1 + regret`` minus one and the largest regret, per rule.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from splitkv_tune import baselines, batch_select, batches, live
+from splitkv_tune.batch_sweep import KEY_COLUMNS, Batch, BatchGrid
+from splitkv_tune.batch_table import CANDIDATE_IMPL
+
+RULES = ("selector", "auto", "fa2", "fa3", "sglang")
+PLAN_KNOBS = ("block_kv", "min_blocks_per_split", "max_splits")
+
+
+def _packed_rows(head: dict) -> int:
+    return head["q_len"] * (head["q_heads"] // head["kv_heads"])
+
+
+def rule_knobs(batch: Batch, table, num_sms: int) -> dict[str, tuple[int, int, int]]:
+    """``{rule: (block_kv, min_blocks_per_split, max_splits)}`` of every rule in ``RULES`` on this
+    batch (``table``: batch-table records of one GPU)."""
+    h = batch.head
+    chosen = batch_select.select_live_knobs(table, **h, page_size=batch.page_size, lengths=batch.lengths,
+                                            num_sms=num_sms)
+    knobs = {"selector": (chosen.block_kv, chosen.min_blocks_per_split, chosen.max_splits),
+             "auto": live.resolve_knobs(len(batch.lengths), h["head_dim"], h["kv_heads"], _packed_rows(h), num_sms)}
+    live_lengths = [n for n in batch.lengths if n > 0] or [1]
+    for name, (min_blocks, max_splits, block_kv) in baselines.live_baseline_plans(h, live_lengths, num_sms).items():
+        knobs[name] = (block_kv, min_blocks, max_splits)
+    return knobs
+
+
+def with_rule_plans(grid: BatchGrid, table, num_sms: int) -> BatchGrid:
+    """The grid with each batch's rule knobs (but ``auto``, the ``ours`` row) added to its plan
+    rows where the space lacks them."""
+    out = []
+    for batch in grid.batches:
+        plans = list(batch.plans)
+        for rule, (block_kv, min_blocks, max_splits) in rule_knobs(batch, table, num_sms).items():
+            point = (min_blocks, max_splits, block_kv)
+            if rule != "auto" and point not in plans:
+                plans.append(point)
+        out.append(dataclasses.replace(batch, plans=tuple(plans)))
+    return dataclasses.replace(grid, batches=tuple(out))
+
+
+def _int(cell) -> int | None:
+    try:
+        return int(cell)
+    except (TypeError, ValueError):
+        return None
+
+
+def _timed_knobs(rows: list[dict]) -> dict[tuple[int, int, int], float]:
+    """The fastest median per knob point among a batch's ok rows of our live path."""
+    times: dict[tuple, float] = {}
+    for row in rows:
+        if row["status"] != "ok" or not CANDIDATE_IMPL.fullmatch(row["impl"]):
+            continue
+        knobs = tuple(_int(row[c]) for c in PLAN_KNOBS)
+        median = float(row["median_us"])
+        if None in knobs or not math.isfinite(median):
+            continue
+        times[knobs] = min(median, times.get(knobs, math.inf))
+    return times
+
+
+def regret_records(grid: BatchGrid, rows: list[dict], table, num_sms: int) -> list[dict]:
+    """One record per batch of the grid: the oracle's time and knobs, and per rule its knobs, time
+    and regret (None when the CSV has no row at those knobs, e.g. a batch not yet timed)."""
+    by_batch: dict[tuple, list[dict]] = {}
+    for row in rows:
+        by_batch.setdefault(tuple(row[c] for c in KEY_COLUMNS), []).append(row)
+    records = []
+    for batch in grid.batches:
+        s = batches.describe(batch.lengths)
+        h = batch.head
+        rec = {**h, "page_size": batch.page_size, "lengths": batch.label, "batch": s["batch"], "len_max": s["max"],
+               "len_mean": s["total"] // s["batch"]}
+        times = _timed_knobs(by_batch.get(batch.key(), []))
+        oracle = min(times, key=times.get) if times else None
+        rec["oracle_us"] = times[oracle] if oracle else None
+        rec["oracle_knobs"] = "/".join(map(str, oracle)) if oracle else ""
+        for rule, knobs in rule_knobs(batch, table, num_sms).items():
+            t = times.get(knobs)
+            rec[f"{rule}_knobs"] = "/".join(map(str, knobs))
+            rec[f"{rule}_us"] = t
+            rec[f"{rule}_regret"] = None if t is None else t / rec["oracle_us"] - 1
+        records.append(rec)
+    return records
+
+
+def summarize(records: list[dict]) -> dict[str, dict]:
+    """Per rule: ``{"geomean": ..., "max": ..., "batches": n}`` over the records it has a time for."""
+    out = {}
+    for rule in RULES:
+        regrets = [r[f"{rule}_regret"] for r in records if r[f"{rule}_regret"] is not None]
+        out[rule] = {"batches": len(regrets),
+                     "geomean": math.exp(sum(math.log1p(x) for x in regrets) / len(regrets)) - 1 if regrets else None,
+                     "max": max(regrets) if regrets else None}
+    return out
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def markdown_report(records: list[dict], title: str) -> str:
+    """The summary per rule, then one line per batch (knobs as block_kv/min_blocks/max_splits)."""
+    summary = summarize(records)
+    lines = [f"# {title}", "", "| rule | geometric-mean regret | max regret | batches |", "|---|---|---|---|"]
+    lines += [f"| {rule} | {_pct(s['geomean'])} | {_pct(s['max'])} | {s['batches']} |" for rule, s in summary.items()]
+    lines += ["", "| heads | page | lengths | B | max | mean | oracle µs (knobs) | "
+              + " | ".join(RULES) + " |", "|" + "---|" * (7 + len(RULES))]
+    for r in records:
+        heads = f"{r['dtype']} D{r['head_dim']} {r['q_heads']}/{r['kv_heads']} Sq{r['q_len']}"
+        oracle = "not timed" if r["oracle_us"] is None else f"{r['oracle_us']:.1f} ({r['oracle_knobs']})"
+        cells = [f"{_pct(r[f'{rule}_regret'])} ({r[f'{rule}_knobs']})" for rule in RULES]
+        lines.append(f"| {heads} | {r['page_size']} | {r['lengths']} | {r['batch']} | {r['len_max']} | "
+                     f"{r['len_mean']} | {oracle} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
