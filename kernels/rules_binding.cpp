@@ -58,6 +58,33 @@ PYBIND11_MODULE(_rules, m) {
     }
     return rules::live_splits(live_len, block_kv, min_blocks_per_split, max_splits);
   }, py::arg("live_len"), py::arg("block_kv"), py::arg("min_blocks_per_split"), py::arg("max_splits"));
+  m.def("live_min_keys_per_split", [](int batch, int kv_heads, int packed_rows, int num_sms) {
+    if (batch < 1 || kv_heads < 1 || packed_rows < 1 || num_sms < 1) {
+      throw py::value_error("live_min_keys_per_split needs batch, kv_heads, packed_rows, num_sms >= 1");
+    }
+    return rules::live_min_keys_per_split(batch, kv_heads, packed_rows, num_sms);
+  }, py::arg("batch"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"));
+  m.def("live_max_splits_bounds", [](int batch, int kv_heads, int packed_rows, int num_sms) {
+    if (batch < 1 || kv_heads < 1 || packed_rows < 1 || num_sms < 1) {
+      throw py::value_error("live_max_splits_bounds needs batch, kv_heads, packed_rows, num_sms >= 1");
+    }
+    const rules::LiveSplitBounds b = rules::live_max_splits_bounds(batch, kv_heads, packed_rows, num_sms);
+    return py::make_tuple(b.one_sequence, b.capacity);
+  }, py::arg("batch"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"));
+  m.def("live_max_splits", [](int batch, int kv_heads, int packed_rows, int num_sms) {
+    if (batch < 1 || kv_heads < 1 || packed_rows < 1 || num_sms < 1) {
+      throw py::value_error("live_max_splits needs batch, kv_heads, packed_rows, num_sms >= 1");
+    }
+    return rules::live_max_splits(batch, kv_heads, packed_rows, num_sms);
+  }, py::arg("batch"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"));
+  py::dict live_defaults;
+  live_defaults["block_kv"] = rules::kLiveDefaultBlockKV;
+  live_defaults["waves_per_sequence"] = rules::kLiveWavesPerSequence;
+  live_defaults["typical_len"] = rules::kLiveTypicalLen;
+  live_defaults["min_keys_per_split"] = py::make_tuple(rules::kLiveMinKeysPerSplitLow, rules::kLiveMinKeysPerSplitHigh);
+  live_defaults["capacity_items_per_sm"] = rules::kLiveCapacityItemsPerSm;
+  live_defaults["min_max_splits"] = rules::kLiveMinMaxSplits;
+  m.attr("LIVE_DEFAULTS") = live_defaults;
   m.def("fused_merge_fits", &rules::fused_merge_fits, py::arg("packed_rows"), py::arg("head_dim"));
   m.def("workspace_sections", [](int num_splits, int batch, int q_heads, int q_len, int head_dim) {
     const rules::WorkspaceSections w = rules::workspace_sections(num_splits, batch, q_heads, q_len, head_dim);

@@ -8,7 +8,9 @@ nearest class wins, by
         + PAGE_WEIGHT * |log2 page - log2 page'|
 
 (a factor of two in any of them costs the same; the page size counts less, as pages of 64 cost
-1-4% over a contiguous cache). Equal distances go to the row that sorts first by (B, len_max,
+1-4% over a contiguous cache). The logarithms are ``selector.log2_q16``'s, integers in 16-bit
+fixed point, so the exported C++ header (``export --batch-table``) finds the same class with
+the same arithmetic. Equal distances go to the row that sorts first by (B, len_max,
 len_mean, page size). A batch of equal lengths is the class with len_max == len_mean; it needs
 no rule of its own. With no row of that head configuration the knobs are ``live``'s ``"auto"``
 rules (``live.resolve_knobs``) and the reason says so.
@@ -16,11 +18,14 @@ rules (``live.resolve_knobs``) and the reason says so.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from splitkv_tune import batches, live
+from splitkv_tune.selector import Q, log2_q16
 
 PAGE_WEIGHT = 0.25
+# d in integers: the page term once, the others PAGE_SCALE times, each log2 in 16-bit fixed point.
+PAGE_SCALE = round(1 / PAGE_WEIGHT)
+DISTANCE_ONE = PAGE_SCALE << Q
 HEAD_COLUMNS = ["dtype", "head_dim", "q_heads", "kv_heads", "q_len"]
 # Equal distances go to the row that sorts first by these.
 TIE_COLUMNS = ["batch", "len_max", "len_mean", "page_size"]
@@ -43,15 +48,22 @@ class LiveKnobs:
                 "max_splits": self.max_splits, "merge": self.merge}
 
 
+def class_distance_q(row: dict, batch: int, len_max: int, len_mean: int, page_size: int) -> int:
+    """The distance of a table row's class from a batch's (see the module), in units of
+    ``1 / DISTANCE_ONE``."""
+    return (PAGE_SCALE * (abs(log2_q16(row["batch"]) - log2_q16(batch)) + abs(log2_q16(row["len_max"]) - log2_q16(len_max))
+                          + abs(log2_q16(row["len_mean"]) - log2_q16(len_mean)))
+            + abs(log2_q16(row["page_size"]) - log2_q16(page_size)))
+
+
 def class_distance(row: dict, batch: int, len_max: int, len_mean: int, page_size: int) -> float:
-    """The distance of a table row's class from a batch's (see the module).
+    """``class_distance_q`` in octaves.
 
     >>> row = dict(batch=16, len_max=65536, len_mean=5056, page_size=64)
     >>> class_distance(row, 16, 65536, 5056, 64), class_distance(row, 32, 65536, 5056, 16)
     (0.0, 1.5)
     """
-    return (abs(math.log2(row["batch"] / batch)) + abs(math.log2(row["len_max"] / len_max))
-            + abs(math.log2(row["len_mean"] / len_mean)) + PAGE_WEIGHT * abs(math.log2(row["page_size"] / page_size)))
+    return class_distance_q(row, batch, len_max, len_mean, page_size) / DISTANCE_ONE
 
 
 def _describe(batch: int, len_max: int, len_mean: int, page_size: int) -> str:
@@ -83,7 +95,7 @@ def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_head
         return LiveKnobs(bkv, min_blocks, bound, "auto",
                          f"no batch-table row for {config} (of its {len(table)} rows): "
                          f"the live defaults: {live.explain_knobs(batch, head_dim, kv_heads, packed_rows, num_sms)}")
-    row = min(rows, key=lambda r: (class_distance(r, batch, len_max, len_mean, page_size),
+    row = min(rows, key=lambda r: (class_distance_q(r, batch, len_max, len_mean, page_size),
                                    tuple(r[c] for c in TIE_COLUMNS)))
     # The reader checked the row; resolve_knobs checks knobs from a table built any other way.
     bkv, min_blocks, bound = live.resolve_knobs(batch, head_dim, kv_heads, packed_rows, num_sms, row["block_kv"],

@@ -304,25 +304,36 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
 @click.option("--table", "tables", multiple=True, type=click.Path(dir_okay=False),
               help="heuristics.csv [default: each --gpu's table found like select does]; "
                    "repeat for a C++ header covering several GPUs")
+@click.option("--batch-table", "batch_tables", multiple=True, type=click.Path(dir_okay=False),
+              help="cpp-header: a batch table (CSV or .json) of one of the header's GPUs, whose classes "
+                   "select_live_knobs() reads; repeat for several GPUs")
 @click.option("-o", "--output", required=True, type=click.Path(),
               help="file (csv, cpp-header) or directory (json)")
 @_exit_2_on_bad_input
-def export(fmt, gpus, tables, output):
+def export(fmt, gpus, tables, batch_tables, output):
     """Export heuristics as CSV, per-device JSON files or a C++ header (one or several GPUs,
-    dispatched by device name)."""
+    dispatched by device name, with the paged call's knobs per batch class)."""
     check_output(output, "-o", directory=(fmt == "json"))
     from splitkv_tune import export as ex
     sources = _export_sources(gpus, tables)
     if fmt != "cpp-header" and len(sources) != 1:
         _fail(f"--format {fmt} exports one GPU's table: give one --table or --gpu")
+    if fmt != "cpp-header" and batch_tables:
+        raise click.BadParameter("only --format cpp-header carries batch tables (batch-table -o FILE.json writes "
+                                 "their JSON)", param_hint="--batch-table")
     if fmt == "cpp-header":
+        from splitkv_tune.batch_table_json import read_batch_table_file
         from splitkv_tune.export_cpp import export_cpp_header
         parts = []
         for table, gpu in sources:
             df = read_heuristics(table, gpu=gpu)
             for name in ([gpu] if gpu else sorted(set(df["gpu"]))):
                 parts.append(HeuristicTable(df, gpu=name, source=table))
-        paths = [export_cpp_header(parts, output)]
+        by_gpu: dict[str, list] = {}
+        for path in batch_tables:
+            for rec in read_batch_table_file(path):
+                by_gpu.setdefault(rec["gpu"], []).append(rec)
+        paths = [export_cpp_header(parts, output, batch_tables=by_gpu)]
     else:
         (table, gpu), = sources
         df = read_heuristics(table, gpu=gpu)

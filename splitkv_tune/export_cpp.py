@@ -109,14 +109,47 @@ def _render_namespace(table: HeuristicTable, model: CostModel) -> str:
     return _fill(_template("gpu_namespace"), subs)
 
 
-def render_cpp_header(tables, model: CostModel = MODEL) -> str:
-    """Text of the header for one :class:`HeuristicTable` or a list of them (one per GPU)."""
+def _render_batch_classes(gpu: str, records: list[dict]) -> str:
+    """The ``splitkv_tune::gpu_<gpu>`` batch classes and ``select_live_knobs()`` (records of one
+    GPU's batch table, ``batch_table.read_batch_table``; none gives the "auto" knobs alone)."""
+    from splitkv_tune.batch_select import PAGE_SCALE
+    from splitkv_tune.batch_table import CLASS_COLUMNS, LABEL_RE
+    merges = {name: i for i, name in enumerate(tunables.MERGES)}
+    dtypes = tunables.dtype_codes()
+    rows = []
+    for rec in sorted(records, key=lambda r: tuple(r[c] for c in CLASS_COLUMNS)):
+        values = [dtypes[rec["dtype"]]] + [rec[c] for c in CLASS_COLUMNS[1:]]
+        values += [rec["block_kv"], rec["min_blocks_per_split"], rec["max_splits"], merges[rec["merge"]]]
+        values += [log2_q16(rec[c]) for c in ("batch", "len_max", "len_mean", "page_size")]
+        if not LABEL_RE.fullmatch(rec["lengths"]):  # the reader checked it; a comment must not end early
+            raise TableError("<export>", f"refusing to emit lengths {rec['lengths']!r}")
+        rows.append("  {" + ", ".join(str(int(v)) for v in values) + f"}},  // {rec['lengths']}")
+    sources = sorted({_safe(r["source"]) for r in records}) or ["no batch table"]
+    return _fill(_template("batch_classes"), {
+        "NS": "gpu_" + normalize_gpu_name(gpu), "NCLASSES": str(len(rows)), "NARRAY": str(max(1, len(rows))),
+        "CLASSES": "\n".join(rows) or "  {}", "SOURCES": ", ".join(sources), "PAGESCALE": str(PAGE_SCALE),
+        "HEADDIM_CHECK": " && ".join(f"head_dim != {h}" for h in tunables.HEAD_DIMS)})
+
+
+def _merge_codes() -> str:
+    return ", ".join(f"kMerge{name.capitalize()} = {i}" for i, name in enumerate(tunables.MERGES))
+
+
+def render_cpp_header(tables, model: CostModel = MODEL, batch_tables: dict | None = None) -> str:
+    """Text of the header for one :class:`HeuristicTable` or a list of them (one per GPU);
+    ``batch_tables``: ``{gpu: batch-table records}`` of some of those GPUs (the others get the
+    "auto" knobs alone)."""
     tables = [tables] if isinstance(tables, HeuristicTable) else list(tables)
     if not tables:
         raise TableError("<export>", "no tables to export")
     gpus = [_safe(t.gpu) for t in tables]
     if len(set(gpus)) != len(gpus):
         raise TableError("<export>", f"several tables for one GPU: {', '.join(gpus)}")
+    batch_tables = {normalize_gpu_name(g): recs for g, recs in (batch_tables or {}).items()}
+    stray = sorted(set(batch_tables) - {normalize_gpu_name(g) for g in gpus})
+    if stray:
+        raise TableError("<export>", f"a batch table of {', '.join(stray)}, but no heuristics table of it "
+                         f"among {', '.join(gpus)}")
     norm = [normalize_gpu_name(g).upper() for g in gpus]
     guard = (f"SPLITKV_TUNE_TABLE_{norm[0]}_H_" if len(norm) == 1
              else "SPLITKV_TUNE_TABLES_" + "_".join(norm) + "_H_")
@@ -124,18 +157,25 @@ def render_cpp_header(tables, model: CostModel = MODEL) -> str:
         f"  if (gpu_{normalize_gpu_name(g)}::matches_device(device_name))\n"
         f"    return gpu_{normalize_gpu_name(g)}::select_config(dtype, head_dim, batch, q_heads, "
         "kv_heads, q_len, kv_len, causal, out, kind, num_sms);" for g in gpus)
+    live_dispatch = "\n".join(
+        f"  if (gpu_{normalize_gpu_name(g)}::matches_device(device_name))\n"
+        f"    return gpu_{normalize_gpu_name(g)}::select_live_knobs(dtype, head_dim, q_heads, kv_heads, q_len, "
+        "page_size, lengths, batch, out, num_sms);" for g in gpus)
     runs = sorted({_safe(r) for t in tables for r in t.run_ids})
     head = _fill(_template("banner"), {"VERSION": _safe(__version__), "GPUS": ", ".join(gpus),
                                        "SCHEMA": str(SCHEMA_VERSION), "RUNS": " ".join(runs),
-                                       "RULES": embedded_rules(), "GUARD": guard})
-    return (head + "".join(_render_namespace(t, model) + "\n" for t in tables)
-            + _fill(_template("dispatch"), {"DISPATCH": dispatch, "GUARD": guard}))
+                                       "RULES": embedded_rules(), "GUARD": guard, "MERGECODES": _merge_codes()})
+    body = "".join(_render_namespace(t, model) + "\n"
+                   + _render_batch_classes(t.gpu, batch_tables.get(normalize_gpu_name(t.gpu), [])) + "\n"
+                   for t in tables)
+    return head + body + _fill(_template("dispatch"), {"DISPATCH": dispatch, "LIVEDISPATCH": live_dispatch,
+                                                        "GUARD": guard})
 
 
-def export_cpp_header(tables, path, model: CostModel = MODEL) -> Path:
+def export_cpp_header(tables, path, model: CostModel = MODEL, batch_tables: dict | None = None) -> Path:
     """Write the header of ``tables`` (a :class:`HeuristicTable` or a list) to ``path``."""
     path = Path(path)
-    text = render_cpp_header(tables, model)
+    text = render_cpp_header(tables, model, batch_tables)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path

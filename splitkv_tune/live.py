@@ -22,56 +22,51 @@ import torch
 from splitkv_tune import _rules, plan, tunables
 from splitkv_tune.tunables import Config, Shape
 
-DEFAULT_BLOCK_KV = 64
-WAVES_PER_SEQUENCE = 2
-# The "auto" keys per split: between these, scaled with the batch's (sequence, KV head, query
-# tile) count as if each sequence held TYPICAL_LEN keys (docs/PERFORMANCE.md, the paged batches).
-MIN_KEYS_PER_SPLIT = (256, 1024)
-TYPICAL_LEN = 2048
-# The "auto" max_splits keeps the plan's capacity (batch x KV heads x query tiles x max_splits
-# work items, which sizes the workspace) within CAPACITY_ITEMS_PER_SM per SM: in a large batch
-# more splits of its long sequences measured slower (128K + 255 x 512: 262.6 µs at 16 splits,
-# 276.4 at 64, docs/PERFORMANCE.md). Never below MIN_MAX_SPLITS, so that a long sequence in a
-# large batch still splits.
-CAPACITY_ITEMS_PER_SM = 32
-MIN_MAX_SPLITS = 16
+# The "auto" knobs are rules.h's (the exported C++ selector falls back to them too); their
+# constants, as _rules exposes them:
+# * block_kv: DEFAULT_BLOCK_KV.
+# * keys per split: between MIN_KEYS_PER_SPLIT, scaled with the batch's (sequence, KV head, query
+#   tile) count as if each sequence held TYPICAL_LEN keys (docs/PERFORMANCE.md, the paged batches).
+# * max_splits: keeps the plan's capacity (batch x KV heads x query tiles x max_splits work
+#   items, which sizes the workspace) within CAPACITY_ITEMS_PER_SM per SM: in a large batch more
+#   splits of its long sequences measured slower (128K + 255 x 512: 262.6 µs at 16 splits, 276.4
+#   at 64, docs/PERFORMANCE.md). Never below MIN_MAX_SPLITS, so that a long sequence in a large
+#   batch still splits.
+_DEFAULTS = _rules.LIVE_DEFAULTS
+DEFAULT_BLOCK_KV = _DEFAULTS["block_kv"]
+WAVES_PER_SEQUENCE = _DEFAULTS["waves_per_sequence"]
+MIN_KEYS_PER_SPLIT = tuple(_DEFAULTS["min_keys_per_split"])
+TYPICAL_LEN = _DEFAULTS["typical_len"]
+CAPACITY_ITEMS_PER_SM = _DEFAULTS["capacity_items_per_sm"]
+MIN_MAX_SPLITS = _DEFAULTS["min_max_splits"]
 
 
 def default_min_keys_per_split(batch: int, kv_heads: int, packed_rows: int, num_sms: int) -> int:
-    """The ``"auto"`` minimum keys per split: what splitting ``batch`` sequences of
-    ``TYPICAL_LEN`` keys over ``WAVES_PER_SEQUENCE`` waves of ``num_sms`` CTAs would give each
-    CTA, rounded up to a power of two within ``MIN_KEYS_PER_SPLIT``. A small batch splits its
-    sequences finely; a large one keeps its short sequences whole, so that its CTAs are
-    few and its long sequences still split up to ``max_splits``.
+    """The ``"auto"`` minimum keys per split (rules.h ``live_min_keys_per_split``): what
+    splitting ``batch`` sequences of ``TYPICAL_LEN`` keys over ``WAVES_PER_SEQUENCE`` waves of
+    ``num_sms`` CTAs would give each CTA, rounded up to a power of two within
+    ``MIN_KEYS_PER_SPLIT``. A small batch splits its sequences finely; a large one keeps its
+    short sequences whole, so that its CTAs are few and its long sequences still split up to
+    ``max_splits``.
 
     >>> [default_min_keys_per_split(b, 8, 4, 132) for b in (1, 8, 16, 256)]
     [256, 512, 1024, 1024]
     """
-    tiles = batch * kv_heads * _rules.num_m_blocks(packed_rows)
-    keys = -(-tiles * TYPICAL_LEN // (WAVES_PER_SEQUENCE * num_sms))
-    low, high = MIN_KEYS_PER_SPLIT
-    return min(high, max(low, 1 << max(0, keys - 1).bit_length()))
+    return _rules.live_min_keys_per_split(batch, kv_heads, packed_rows, num_sms)
 
 
 def default_max_splits(batch: int, kv_heads: int, packed_rows: int, num_sms: int) -> int:
-    """The ``"auto"`` bound on splits: ``WAVES_PER_SEQUENCE`` waves of ``num_sms`` CTAs for one
-    sequence on its own, lowered for a large batch so that its capacity stays within
-    ``CAPACITY_ITEMS_PER_SM`` work items per SM, but not below ``MIN_MAX_SPLITS``; at most
-    ``tunables.MAX_SPLITS``.
+    """The ``"auto"`` bound on splits (rules.h ``live_max_splits``): ``WAVES_PER_SEQUENCE``
+    waves of ``num_sms`` CTAs for one sequence on its own, lowered for a large batch so that its
+    capacity stays within ``CAPACITY_ITEMS_PER_SM`` work items per SM, but not below
+    ``MIN_MAX_SPLITS``; at most ``tunables.MAX_SPLITS``.
 
     >>> [default_max_splits(b, 8, 4, 132) for b in (1, 16, 32, 256)]
     [33, 33, 16, 16]
     >>> default_max_splits(1, 1, 8, 132), default_max_splits(1, 32, 64, 132)
     (128, 9)
     """
-    return max(1, min(tunables.MAX_SPLITS, *_max_splits_bounds(batch, kv_heads, packed_rows, num_sms)))
-
-
-def _max_splits_bounds(batch: int, kv_heads: int, packed_rows: int, num_sms: int) -> tuple[int, int]:
-    """(splits that give one sequence WAVES_PER_SEQUENCE waves, the capacity cap)."""
-    tiles = kv_heads * _rules.num_m_blocks(packed_rows)
-    return (-(-WAVES_PER_SEQUENCE * num_sms // tiles),
-            max(MIN_MAX_SPLITS, CAPACITY_ITEMS_PER_SM * num_sms // (batch * tiles)))
+    return _rules.live_max_splits(batch, kv_heads, packed_rows, num_sms)
 
 
 def explain_knobs(batch: int, head_dim: int, kv_heads: int, packed_rows: int, num_sms: int) -> str:
@@ -82,7 +77,7 @@ def explain_knobs(batch: int, head_dim: int, kv_heads: int, packed_rows: int, nu
     """
     bkv, min_blocks, bound = resolve_knobs(batch, head_dim, kv_heads, packed_rows, num_sms)
     tiles = kv_heads * _rules.num_m_blocks(packed_rows)
-    one_sequence, capacity_cap = _max_splits_bounds(batch, kv_heads, packed_rows, num_sms)
+    one_sequence, capacity_cap = _rules.live_max_splits_bounds(batch, kv_heads, packed_rows, num_sms)
     low, high = MIN_KEYS_PER_SPLIT
     return (f"block_kv {bkv} (the paged default); keys per split {min_blocks * bkv}: {batch * tiles} (sequence, "
             f"KV head, query tile) CTAs of {TYPICAL_LEN} keys over {WAVES_PER_SEQUENCE} waves of {num_sms} SMs, "

@@ -146,14 +146,14 @@ def batch_classes(path):
     return grid, out
 
 
-def test_the_held_out_batches_are_skewed_and_apart_from_the_tables_grid():
+@pytest.mark.parametrize("training", ["batches.yaml", "batches_dense.yaml"])
+def test_the_held_out_batches_are_skewed_and_apart_from_the_tables_grids(training):
     held_out, held_classes = batch_classes(CONFIGS / "batches_holdout.yaml")
-    _, trained = batch_classes(CONFIGS / "batches.yaml")
+    grid, trained = batch_classes(CONFIGS / training)
     assert len(held_out.batches) >= 10
     assert all(b.label.startswith("skewed:") for b in held_out.batches)
     assert not held_classes & trained
-    assert {b.label for b in held_out.batches}.isdisjoint(b.label for b in bsw.load_batch_grid(
-        CONFIGS / "batches.yaml").batches)
+    assert {b.label for b in held_out.batches}.isdisjoint(b.label for b in grid.batches)
 
 
 def write_rows(path, rows):

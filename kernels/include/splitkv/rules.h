@@ -107,6 +107,52 @@ SPLITKV_HOST_DEVICE constexpr int live_splits(int live_len, int block_kv, int mi
   return splits < 1 ? 1 : (splits > max_splits ? max_splits : splits);
 }
 
+// The paged call's "auto" knobs (splitkv_tune/live.py says why each is what it is; the exported
+// C++ selector falls back to them for a batch its table has no class for). block_kv: the
+// default tile. Keys per split: what splitting `batch` sequences of kLiveTypicalLen keys over
+// kLiveWavesPerSequence waves of num_sms CTAs would give each CTA, rounded up to a power of two
+// within [kLiveMinKeysPerSplitLow, kLiveMinKeysPerSplitHigh]. max_splits: those waves for one
+// sequence on its own, lowered for a large batch to kLiveCapacityItemsPerSm work items per SM
+// (the plan's capacity sizes the workspace), but not below kLiveMinMaxSplits.
+inline constexpr int kLiveDefaultBlockKV = 64;
+inline constexpr int kLiveWavesPerSequence = 2;
+inline constexpr int kLiveTypicalLen = 2048;
+inline constexpr int kLiveMinKeysPerSplitLow = 256;
+inline constexpr int kLiveMinKeysPerSplitHigh = 1024;
+inline constexpr int kLiveCapacityItemsPerSm = 32;
+inline constexpr int kLiveMinMaxSplits = 16;
+
+SPLITKV_HOST_DEVICE constexpr int live_min_keys_per_split(int batch, int kv_heads, int packed_rows, int num_sms) {
+  const int64_t tiles = int64_t(batch) * kv_heads * num_m_blocks(packed_rows);
+  const int64_t per_wave = int64_t(kLiveWavesPerSequence) * num_sms;
+  const int64_t keys = (tiles * kLiveTypicalLen + per_wave - 1) / per_wave;
+  int64_t power = 1;
+  while (power < keys && power < kLiveMinKeysPerSplitHigh) power <<= 1;
+  return power < kLiveMinKeysPerSplitLow ? kLiveMinKeysPerSplitLow : int(power);
+}
+
+// {splits that give one sequence kLiveWavesPerSequence waves, the capacity cap}.
+struct LiveSplitBounds {
+  int one_sequence, capacity;
+};
+
+SPLITKV_HOST_DEVICE constexpr LiveSplitBounds live_max_splits_bounds(int batch, int kv_heads, int packed_rows,
+                                                                      int num_sms) {
+  const int64_t tiles = int64_t(kv_heads) * num_m_blocks(packed_rows);
+  const int64_t one_sequence = (int64_t(kLiveWavesPerSequence) * num_sms + tiles - 1) / tiles;
+  const int64_t capacity = int64_t(kLiveCapacityItemsPerSm) * num_sms / (int64_t(batch) * tiles);
+  return LiveSplitBounds{int(one_sequence < kMaxKeys ? one_sequence : kMaxKeys),
+                         int(capacity > kLiveMinMaxSplits ? (capacity < kMaxKeys ? capacity : kMaxKeys)
+                                                          : kLiveMinMaxSplits)};
+}
+
+SPLITKV_HOST_DEVICE constexpr int live_max_splits(int batch, int kv_heads, int packed_rows, int num_sms) {
+  const LiveSplitBounds b = live_max_splits_bounds(batch, kv_heads, packed_rows, num_sms);
+  int splits = b.one_sequence < b.capacity ? b.one_sequence : b.capacity;
+  splits = splits < kMaxSplits ? splits : kMaxSplits;
+  return splits < 1 ? 1 : splits;
+}
+
 // The persistent schedule of a paged / variable-length launch (tile_scheduler.h). Its shared
 // memory, after the split kernel's own: a header (the next work item), the sequences' size
 // classes counted per warp, the batch in schedule order and that order's prefix of splits.

@@ -4,6 +4,8 @@
 // splitkv_tune::select_config_for_device(device_name, num_sms, ...) picks this header's table
 // of the device (by its name, as torch.cuda.get_device_name() or vLLM's underscored form)
 // and returns its choice; false for an unknown device or a shape the kernel does not take.
+// splitkv_tune::select_live_knobs_for_device(device_name, num_sms, ...) does the same for the
+// knobs of a paged / variable-length call (gpu_<name>::select_live_knobs(), its batch classes).
 // Each splitkv_tune::gpu_<name>::select_config() implements the rule of
 // splitkv_tune.selector.select_config with the same integer arithmetic (so both choose
 // identically): exact table hit; else interpolation among rows of the same
@@ -158,6 +160,52 @@ SPLITKV_HOST_DEVICE constexpr int live_splits(int live_len, int block_kv, int mi
   return splits < 1 ? 1 : (splits > max_splits ? max_splits : splits);
 }
 
+// The paged call's "auto" knobs (splitkv_tune/live.py says why each is what it is; the exported
+// C++ selector falls back to them for a batch its table has no class for). block_kv: the
+// default tile. Keys per split: what splitting `batch` sequences of kLiveTypicalLen keys over
+// kLiveWavesPerSequence waves of num_sms CTAs would give each CTA, rounded up to a power of two
+// within [kLiveMinKeysPerSplitLow, kLiveMinKeysPerSplitHigh]. max_splits: those waves for one
+// sequence on its own, lowered for a large batch to kLiveCapacityItemsPerSm work items per SM
+// (the plan's capacity sizes the workspace), but not below kLiveMinMaxSplits.
+inline constexpr int kLiveDefaultBlockKV = 64;
+inline constexpr int kLiveWavesPerSequence = 2;
+inline constexpr int kLiveTypicalLen = 2048;
+inline constexpr int kLiveMinKeysPerSplitLow = 256;
+inline constexpr int kLiveMinKeysPerSplitHigh = 1024;
+inline constexpr int kLiveCapacityItemsPerSm = 32;
+inline constexpr int kLiveMinMaxSplits = 16;
+
+SPLITKV_HOST_DEVICE constexpr int live_min_keys_per_split(int batch, int kv_heads, int packed_rows, int num_sms) {
+  const int64_t tiles = int64_t(batch) * kv_heads * num_m_blocks(packed_rows);
+  const int64_t per_wave = int64_t(kLiveWavesPerSequence) * num_sms;
+  const int64_t keys = (tiles * kLiveTypicalLen + per_wave - 1) / per_wave;
+  int64_t power = 1;
+  while (power < keys && power < kLiveMinKeysPerSplitHigh) power <<= 1;
+  return power < kLiveMinKeysPerSplitLow ? kLiveMinKeysPerSplitLow : int(power);
+}
+
+// {splits that give one sequence kLiveWavesPerSequence waves, the capacity cap}.
+struct LiveSplitBounds {
+  int one_sequence, capacity;
+};
+
+SPLITKV_HOST_DEVICE constexpr LiveSplitBounds live_max_splits_bounds(int batch, int kv_heads, int packed_rows,
+                                                                      int num_sms) {
+  const int64_t tiles = int64_t(kv_heads) * num_m_blocks(packed_rows);
+  const int64_t one_sequence = (int64_t(kLiveWavesPerSequence) * num_sms + tiles - 1) / tiles;
+  const int64_t capacity = int64_t(kLiveCapacityItemsPerSm) * num_sms / (int64_t(batch) * tiles);
+  return LiveSplitBounds{int(one_sequence < kMaxKeys ? one_sequence : kMaxKeys),
+                         int(capacity > kLiveMinMaxSplits ? (capacity < kMaxKeys ? capacity : kMaxKeys)
+                                                          : kLiveMinMaxSplits)};
+}
+
+SPLITKV_HOST_DEVICE constexpr int live_max_splits(int batch, int kv_heads, int packed_rows, int num_sms) {
+  const LiveSplitBounds b = live_max_splits_bounds(batch, kv_heads, packed_rows, num_sms);
+  int splits = b.one_sequence < b.capacity ? b.one_sequence : b.capacity;
+  splits = splits < kMaxSplits ? splits : kMaxSplits;
+  return splits < 1 ? 1 : splits;
+}
+
 // The persistent schedule of a paged / variable-length launch (tile_scheduler.h). Its shared
 // memory, after the split kernel's own: a header (the next work item), the sequences' size
 // classes counted per warp, the batch in schedule order and that order's prefix of splits.
@@ -235,6 +283,11 @@ enum : int { kLength = int(splitkv::SplitPolicy::kLength), kBlocks = int(splitkv
 enum : int { kHit = 0, kInterpolated = 1, kFallback = 2 };
 
 struct Config { int num_splits; int block_kv; int reduce_threads; int split_policy; };
+
+enum : int { kMergeAuto = 0, kMergeKernel = 1, kMergeFused = 2 };  // merge codes, as splitkv::kMerges names them
+// The knobs of a paged / variable-length call; batch_class: the index of the class of
+// kBatchClasses they came from, -1 for the "auto" knobs.
+struct LiveKnobs { int block_kv; int min_blocks_per_split; int max_splits; int merge; int batch_class; };
 
 namespace detail {
 // raw, normalised as gpus.normalize_gpu_name does (lower case, runs of other characters
@@ -557,6 +610,119 @@ inline bool select_config(int dtype, int head_dim, std::int64_t batch, std::int6
 
 
 namespace splitkv_tune {
+namespace gpu_nvidia_h200 {
+
+// The paged call's knobs per batch class on this GPU (batch table, schema v2: 28
+// classes from batches.csv) and select_live_knobs(), the rule of
+// splitkv_tune.batch_select.select_live_knobs with the same integer arithmetic. Among the
+// classes of the batch's head configuration (dtype, head_dim, q_heads, kv_heads, q_len) the
+// nearest wins, by
+//   d = 4 * (|L(B) - L(B')| + |L(len_max) - L(len_max')| + |L(len_mean) - L(len_mean')|)
+//       + |L(page) - L(page')|,        L = log2_q16 (log2 in 16-bit fixed point)
+// equal distances to the class first by (B, len_max, len_mean, page). A batch of equal lengths
+// is the class with len_max == len_mean. With no class of its head configuration the knobs are
+// rules.h's "auto" ones on num_sms SMs (this GPU's kSms when num_sms <= 0). The split count of
+// each sequence is then splitkv::rules::live_splits(live_len, block_kv, min_blocks_per_split,
+// max_splits), as the kernel computes it on the device.
+struct BatchClass {
+  int dtype, head_dim, q_heads, kv_heads, q_len, page_size, batch, len_max, len_mean;
+  int block_kv, min_blocks_per_split, max_splits, merge;
+  std::int64_t x_batch, x_max, x_mean, x_page;  // derived: log2_q16 of the four above
+};
+
+inline constexpr int kNumBatchClasses = 28;
+inline constexpr BatchClass kBatchClasses[28] = {
+  {1, 128, 8, 1, 1, 16, 8, 262144, 65280, 64, 4, 128, 1, 196608, 1179648, 1048205, 262144},  // geometric:8:262144:2048
+  {1, 128, 8, 1, 1, 16, 16, 8192, 8192, 64, 1, 8, 1, 262144, 851968, 851968, 262144},  // uniform:16:8192
+  {1, 128, 8, 1, 1, 16, 16, 65536, 5056, 64, 16, 64, 1, 262144, 1048576, 806340, 262144},  // skewed:16:65536:1024
+  {1, 128, 8, 1, 1, 16, 32, 25587, 4096, 64, 8, 32, 1, 327680, 959651, 786432, 262144},  // lognormal:32:4096:1.0
+  {1, 128, 8, 1, 1, 16, 64, 2048, 2048, 64, 8, 8, 1, 393216, 720896, 720896, 262144},  // uniform:64:2048
+  {1, 128, 8, 1, 1, 16, 64, 6433, 2047, 64, 16, 8, 1, 393216, 829114, 720849, 262144},  // lognormal:64:2048:0.5
+  {1, 128, 8, 1, 1, 16, 256, 131072, 1022, 64, 1, 64, 1, 524288, 1114112, 655175, 262144},  // skewed:256:131072:512
+  {1, 128, 8, 1, 1, 64, 8, 262144, 65280, 64, 16, 64, 1, 196608, 1179648, 1048205, 393216},  // geometric:8:262144:2048
+  {1, 128, 8, 1, 1, 64, 16, 8192, 8192, 64, 1, 8, 1, 262144, 851968, 851968, 393216},  // uniform:16:8192
+  {1, 128, 8, 1, 1, 64, 16, 65536, 5056, 64, 16, 64, 1, 262144, 1048576, 806340, 393216},  // skewed:16:65536:1024
+  {1, 128, 8, 1, 1, 64, 32, 25587, 4096, 64, 8, 32, 1, 327680, 959651, 786432, 393216},  // lognormal:32:4096:1.0
+  {1, 128, 8, 1, 1, 64, 64, 2048, 2048, 64, 8, 8, 1, 393216, 720896, 720896, 393216},  // uniform:64:2048
+  {1, 128, 8, 1, 1, 64, 64, 6433, 2047, 64, 16, 8, 1, 393216, 829114, 720849, 393216},  // lognormal:64:2048:0.5
+  {1, 128, 8, 1, 1, 64, 256, 131072, 1022, 64, 1, 64, 1, 524288, 1114112, 655175, 393216},  // skewed:256:131072:512
+  {1, 128, 32, 8, 1, 16, 8, 262144, 65280, 64, 2, 32, 2, 196608, 1179648, 1048205, 262144},  // geometric:8:262144:2048
+  {1, 128, 32, 8, 1, 16, 16, 8192, 8192, 64, 1, 8, 2, 262144, 851968, 851968, 262144},  // uniform:16:8192
+  {1, 128, 32, 8, 1, 16, 16, 65536, 5056, 64, 4, 32, 2, 262144, 1048576, 806340, 262144},  // skewed:16:65536:1024
+  {1, 128, 32, 8, 1, 16, 32, 25587, 4096, 64, 4, 8, 2, 327680, 959651, 786432, 262144},  // lognormal:32:4096:1.0
+  {1, 128, 32, 8, 1, 16, 64, 2048, 2048, 64, 16, 8, 2, 393216, 720896, 720896, 262144},  // uniform:64:2048
+  {1, 128, 32, 8, 1, 16, 64, 6433, 2047, 64, 16, 8, 2, 393216, 829114, 720849, 262144},  // lognormal:64:2048:0.5
+  {1, 128, 32, 8, 1, 16, 256, 131072, 1022, 64, 8, 16, 2, 524288, 1114112, 655175, 262144},  // skewed:256:131072:512
+  {1, 128, 32, 8, 1, 64, 8, 262144, 65280, 64, 1, 32, 2, 196608, 1179648, 1048205, 393216},  // geometric:8:262144:2048
+  {1, 128, 32, 8, 1, 64, 16, 8192, 8192, 64, 1, 8, 2, 262144, 851968, 851968, 393216},  // uniform:16:8192
+  {1, 128, 32, 8, 1, 64, 16, 65536, 5056, 64, 4, 32, 2, 262144, 1048576, 806340, 393216},  // skewed:16:65536:1024
+  {1, 128, 32, 8, 1, 64, 32, 25587, 4096, 64, 4, 8, 2, 327680, 959651, 786432, 393216},  // lognormal:32:4096:1.0
+  {1, 128, 32, 8, 1, 64, 64, 2048, 2048, 64, 16, 8, 2, 393216, 720896, 720896, 393216},  // uniform:64:2048
+  {1, 128, 32, 8, 1, 64, 64, 6433, 2047, 64, 16, 8, 2, 393216, 829114, 720849, 393216},  // lognormal:64:2048:0.5
+  {1, 128, 32, 8, 1, 64, 256, 131072, 1022, 64, 8, 16, 2, 524288, 1114112, 655175, 393216},  // skewed:256:131072:512
+};
+
+// The knobs of a paged call of the batch `lengths` (batch live lengths, >= 0; padded slots
+// are 0); false when an argument is out of range (out untouched).
+inline bool select_live_knobs(int dtype, int head_dim, int q_heads, int kv_heads, int q_len, int page_size,
+                              const std::int64_t* lengths, int batch, LiveKnobs* out, std::int64_t num_sms = 0) {
+  using namespace detail;
+  if (dtype != kFp16 && dtype != kBf16) return false;
+  if (head_dim != 64 && head_dim != 96 && head_dim != 128 && head_dim != 256) return false;
+  if (kv_heads < 1 || q_heads < kv_heads || q_heads % kv_heads || q_len < 1 || page_size < 1 || batch < 1) {
+    return false;
+  }
+  std::int64_t len_max = 0, total = 0;
+  for (int i = 0; i < batch; ++i) {
+    if (lengths[i] < 0 || lengths[i] > splitkv::rules::kMaxKeys) return false;
+    len_max = lengths[i] > len_max ? lengths[i] : len_max;
+    total += lengths[i];
+  }
+  const std::int64_t len_mean = max64(1, total / batch);
+  len_max = max64(1, len_max);
+  const std::int64_t x_batch = log2_q16(static_cast<std::uint64_t>(batch));
+  const std::int64_t x_max = log2_q16(static_cast<std::uint64_t>(len_max));
+  const std::int64_t x_mean = log2_q16(static_cast<std::uint64_t>(len_mean));
+  const std::int64_t x_page = log2_q16(static_cast<std::uint64_t>(page_size));
+  int best = -1;
+  std::int64_t best_d = 0;
+  for (int i = 0; i < kNumBatchClasses; ++i) {
+    const BatchClass& c = kBatchClasses[i];
+    if (c.dtype != dtype || c.head_dim != head_dim || c.q_heads != q_heads || c.kv_heads != kv_heads ||
+        c.q_len != q_len) {
+      continue;
+    }
+    const std::int64_t d = 4 * (abs64(c.x_batch - x_batch) + abs64(c.x_max - x_max) + abs64(c.x_mean - x_mean))
+                           + abs64(c.x_page - x_page);
+    if (best >= 0) {
+      const BatchClass& b = kBatchClasses[best];
+      const std::int64_t a[4] = {c.batch, c.len_max, c.len_mean, c.page_size};
+      const std::int64_t z[4] = {b.batch, b.len_max, b.len_mean, b.page_size};
+      int order = 0;
+      for (int k = 0; k < 4 && order == 0; ++k) order = a[k] < z[k] ? -1 : (a[k] > z[k] ? 1 : 0);
+      if (d > best_d || (d == best_d && order >= 0)) continue;
+    }
+    best = i;
+    best_d = d;
+  }
+  if (best >= 0) {
+    const BatchClass& c = kBatchClasses[best];
+    *out = LiveKnobs{c.block_kv, c.min_blocks_per_split, c.max_splits, c.merge, best};
+    return true;
+  }
+  const int sms = static_cast<int>(num_sms > 0 ? num_sms : kSms);
+  const int packed_rows = q_len * (q_heads / kv_heads);
+  const int block_kv = splitkv::rules::kLiveDefaultBlockKV;
+  const int min_blocks = splitkv::rules::live_min_keys_per_split(batch, kv_heads, packed_rows, sms) / block_kv;
+  *out = LiveKnobs{block_kv, min_blocks > 1 ? min_blocks : 1,
+                   splitkv::rules::live_max_splits(batch, kv_heads, packed_rows, sms), kMergeAuto, -1};
+  return true;
+}
+
+}  // namespace gpu_nvidia_h200
+}  // namespace splitkv_tune
+
+namespace splitkv_tune {
 
 // The config of one shape on the named device: its table's select_config(); false when no
 // table of this header is the device's, or the shape is invalid.
@@ -567,6 +733,17 @@ inline bool select_config_for_device(const char* device_name, std::int64_t num_s
                                      int* kind = nullptr) {
   if (gpu_nvidia_h200::matches_device(device_name))
     return gpu_nvidia_h200::select_config(dtype, head_dim, batch, q_heads, kv_heads, q_len, kv_len, causal, out, kind, num_sms);
+  return false;
+}
+
+// The knobs of a paged / variable-length call of the batch `lengths` on the named device: its
+// table's select_live_knobs(); false when no table of this header is the device's, or an
+// argument is out of range.
+inline bool select_live_knobs_for_device(const char* device_name, std::int64_t num_sms, int dtype, int head_dim,
+                                         int q_heads, int kv_heads, int q_len, int page_size,
+                                         const std::int64_t* lengths, int batch, LiveKnobs* out) {
+  if (gpu_nvidia_h200::matches_device(device_name))
+    return gpu_nvidia_h200::select_live_knobs(dtype, head_dim, q_heads, kv_heads, q_len, page_size, lengths, batch, out, num_sms);
   return false;
 }
 

@@ -1,0 +1,152 @@
+"""The exported C++ header carries the batch classes: g++ compiles a driver against a header of
+two GPUs, one with a batch table and one without, and for thousands of random batches its
+``select_live_knobs_for_device`` gives the knobs of Python's ``batch_select.select_live_knobs``
+(the nearest class, or the "auto" rules on the GPU's SM count), and the split counts of
+``plan.live_splits`` at those knobs."""
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from splitkv_tune import batch_select, batches, plan, tunables
+from splitkv_tune import batch_table as bt
+from splitkv_tune.cli_tables import export
+from splitkv_tune.export_cpp import export_cpp_header, render_cpp_header
+from splitkv_tune.selector import HeuristicTable
+from splitkv_tune.table_schema import TableError, read_heuristics
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+HEURISTICS = FIXTURES / "heuristics.csv"
+HEADS = [("bf16", 128, 32, 8, 1), ("bf16", 128, 8, 1, 1), ("fp16", 64, 32, 32, 4)]
+SMS = {"nvidia_h200": 132, "nvidia_a100": 108}
+
+# Reads "gpu dtype head_dim q_heads kv_heads q_len page_size batch len..." per line; prints the
+# knobs, the class index and each sequence's split count, or "false".
+DRIVER = r"""
+#include <iostream>
+#include <string>
+#include <vector>
+#include "tables.h"
+
+int main() {
+  std::string gpu;
+  int dtype, head_dim, q_heads, kv_heads, q_len, page_size, batch;
+  while (std::cin >> gpu >> dtype >> head_dim >> q_heads >> kv_heads >> q_len >> page_size >> batch) {
+    std::vector<std::int64_t> lengths(batch);
+    for (auto& n : lengths) std::cin >> n;
+    splitkv_tune::LiveKnobs k{};
+    if (!splitkv_tune::select_live_knobs_for_device(gpu.c_str(), 0, dtype, head_dim, q_heads, kv_heads, q_len,
+                                                    page_size, lengths.data(), batch, &k)) {
+      std::cout << "false\n";
+      continue;
+    }
+    std::cout << k.block_kv << ' ' << k.min_blocks_per_split << ' ' << k.max_splits << ' '
+              << splitkv::kMerges[k.merge] << ' ' << k.batch_class;
+    for (auto n : lengths)
+      std::cout << ' ' << splitkv::rules::live_splits(int(n), k.block_kv, k.min_blocks_per_split, k.max_splits);
+    std::cout << '\n';
+  }
+}
+"""
+
+
+def _classes(seed: int = 5) -> list[dict]:
+    """A batch table of the first two head configurations: random classes and knobs."""
+    rng = random.Random(seed)
+    records = {}
+    for dtype, head_dim, q_heads, kv_heads, q_len in HEADS[:2]:
+        for _ in range(25):
+            batch = rng.choice([1, 2, 3, 4, 8, 16, 24, 64, 256])
+            len_max = rng.choice([512, 1000, 4096, 8192, 65536, 131072, 262144])
+            len_mean = max(1, min(len_max, len_max // rng.choice([1, 1, 2, 5, 16, 64])))
+            lengths = f"{len_max}" if batch == 1 else f"{len_max},{len_mean}x{batch - 1}"
+            s = batches.describe(batches.parse_lengths(lengths))
+            rec = {"schema_version": 2, "gpu": "nvidia_h200", "dtype": dtype, "head_dim": head_dim,
+                   "q_heads": q_heads, "kv_heads": kv_heads, "q_len": q_len,
+                   "page_size": rng.choice(plan.PAGE_SIZES), "batch": s["batch"], "len_max": s["max"],
+                   "len_mean": s["total"] // s["batch"], "lengths": lengths,
+                   "block_kv": rng.choice([64, 128]), "min_blocks_per_split": rng.choice([1, 2, 4, 8, 16]),
+                   "max_splits": rng.choice([8, 16, 32, 64]), "merge": rng.choice(tunables.MERGES),
+                   "median_us": 50.0, "p20_us": 49.0, "p80_us": 51.0, "noise_margin": 0.01, "n_trials": 40,
+                   "source": "batches.csv"}
+            rec.update({c: None for c in bt.RUNNER_UP_COLUMNS})
+            records[tuple(rec[c] for c in bt.CLASS_COLUMNS)] = {c: rec[c] for c in bt.BATCH_TABLE_COLUMNS}
+    return list(records.values())
+
+
+def _random_batches(n: int, seed: int = 7):
+    rng = random.Random(seed)
+    for _ in range(n):
+        gpu = rng.choice(["NVIDIA H200", "NVIDIA_A100-SXM4-80GB"])
+        head = rng.choice(HEADS)
+        batch = rng.choice([1, 2, 3, 5, 8, 16, 31, 64, 200])
+        lengths = [rng.choice([0, 1, 63, 64, 1000, rng.randrange(1, 9000), rng.randrange(1, 300_000)])
+                   for _ in range(batch)]
+        yield gpu, head, rng.choice(plan.PAGE_SIZES), lengths
+
+
+def _python(table, gpu, head, page_size, lengths) -> str:
+    dtype, head_dim, q_heads, kv_heads, q_len = head
+    name = "nvidia_h200" if "H200" in gpu else "nvidia_a100"
+    rows = [r for r in table if r["gpu"] == name]
+    k = batch_select.select_live_knobs(rows, dtype=dtype, head_dim=head_dim, q_heads=q_heads, kv_heads=kv_heads,
+                                       q_len=q_len, page_size=page_size, lengths=lengths, num_sms=SMS[name])
+    index = -1 if k.row is None else sorted(rows, key=lambda r: tuple(r[c] for c in bt.CLASS_COLUMNS)).index(k.row)
+    splits = [plan.live_splits(n, k.block_kv, k.min_blocks_per_split, k.max_splits) for n in lengths]
+    return " ".join(map(str, [k.block_kv, k.min_blocks_per_split, k.max_splits, k.merge, index, *splits]))
+
+
+def _tables():
+    df = read_heuristics(HEURISTICS)
+    h200 = HeuristicTable(df, gpu=sorted(set(df["gpu"]))[0], source=str(HEURISTICS))
+    a100 = HeuristicTable(df.assign(gpu="nvidia_a100"), gpu="nvidia_a100", source=str(HEURISTICS))
+    return [h200, a100]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_exported_header_selects_the_batch_knobs_python_does(tmp_path):
+    table = _classes()
+    tables = _tables()
+    assert tables[0].gpu == "nvidia_h200"
+    export_cpp_header(tables, tmp_path / "tables.h", batch_tables={"nvidia_h200": table})
+    (tmp_path / "driver.cpp").write_text(DRIVER)
+    exe = tmp_path / "driver"
+    subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-pedantic",
+                    str(tmp_path / "driver.cpp"), "-o", str(exe)], check=True, capture_output=True)
+    cases = list(_random_batches(3000))
+    codes = tunables.dtype_codes()
+    text = "".join(f"{gpu.replace(' ', '_')} {codes[h[0]]} {' '.join(map(str, h[1:]))} {page} {len(lengths)} "
+                   f"{' '.join(map(str, lengths))}\n" for gpu, h, page, lengths in cases)
+    got = subprocess.run([str(exe)], input=text, capture_output=True, text=True, check=True).stdout.splitlines()
+    want = [_python(table, *case) for case in cases]
+    mismatches = [(c, g, w) for c, g, w in zip(cases, got, want) if g != w]
+    assert len(got) == len(cases) and not mismatches, mismatches[:3]
+    chosen = {int(line.split()[4]) for line in want}
+    assert -1 in chosen and len(chosen) > 20, "the batches reach few classes"
+    # Bad arguments are refused, and an unknown device is no match.
+    bad = ("NVIDIA_H200 1 100 32 8 1 64 1 5\nNVIDIA_H200 1 128 32 6 1 64 1 5\n"
+           "NVIDIA_H200 1 128 32 8 1 64 2 5 -1\nNVIDIA_B200 1 128 32 8 1 64 1 5\n")
+    out = subprocess.run([str(exe)], input=bad, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["false"] * 4
+
+
+def test_a_batch_table_of_a_gpu_without_a_heuristics_table_is_refused():
+    with pytest.raises(TableError, match="a batch table of nvidia_b200"):
+        render_cpp_header(_tables(), batch_tables={"nvidia_b200": _classes()})
+
+
+def test_the_command_exports_a_batch_table(tmp_path):
+    table = bt.write_batch_table(tmp_path / "batch_table.csv", _classes())
+    out = tmp_path / "t.h"
+    result = CliRunner().invoke(export, ["--format", "cpp-header", "--table", str(HEURISTICS), "--batch-table",
+                                         str(table), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"inline constexpr int kNumBatchClasses = {len(_classes())};" in out.read_text()
+    result = CliRunner().invoke(export, ["--format", "csv", "--table", str(HEURISTICS), "--batch-table",
+                                         str(table), "-o", str(tmp_path / "t.csv")])
+    assert result.exit_code == 2 and "--batch-table" in result.output
