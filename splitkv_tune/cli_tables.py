@@ -371,22 +371,27 @@ def _export_sources(gpus, tables) -> list[tuple[str, str | None]]:
               help=GPU_HELP + " (the SM count of FA2's heuristic for a trials.csv)")
 @click.option("--regret", "regret_csv", type=click.Path(dir_okay=False), default=None,
               help="also plot each rule's regret per shape from an `evaluate --out-csv` file")
+@click.option("--batch-regret", "batch_regret_csv", type=click.Path(dir_okay=False), default=None,
+              help="also plot each rule's regret per held-out batch from an `evaluate-batches --out-csv` file")
 @click.option("--batches", "batch_csvs", multiple=True, type=click.Path(dir_okay=False),
               help="also plot, per batch of a `compare-batch` CSV (repeatable), our speed-up "
                    "over one S for the whole batch and over each peer")
 @_exit_2_on_bad_input
-def plot(path, output, gpu, regret_csv, batch_csvs):
+def plot(path, output, gpu, regret_csv, batch_regret_csv, batch_csvs):
     """Heatmaps (best S, speed-ups, noise) and bandwidth curves of a heuristics or trials CSV;
-    with --regret, the selector's and the baselines' regret per shape; with --batches, our
-    speed-ups per paged batch."""
+    with --regret, the selector's and the baselines' regret per shape (--batch-regret: per
+    held-out paged batch); with --batches, our speed-ups per paged batch."""
     from splitkv_tune.plot import plot_all, plot_regret
-    from splitkv_tune.plot_batches import plot_batches
-    if path is None and regret_csv is None and not batch_csvs:
-        _fail("give a heuristics or trials CSV (PATH), --regret EVAL.csv or --batches BATCH.csv")
+    from splitkv_tune.plot_batches import plot_batch_regret, plot_batches
+    if path is None and regret_csv is None and batch_regret_csv is None and not batch_csvs:
+        _fail("give a heuristics or trials CSV (PATH), --regret EVAL.csv, --batch-regret EVAL.csv "
+              "or --batches BATCH.csv")
     check_output(Path(output).parent if Path(output).suffix else output, "-o", directory=True)
     files = plot_all(path, output, _gpu_name(gpu)) if path is not None else []
     if regret_csv is not None:
         files += plot_regret(regret_csv, output)
+    if batch_regret_csv is not None:
+        files += plot_batch_regret(batch_regret_csv, output, _gpu_name(gpu))
     if batch_csvs:
         files += plot_batches(batch_csvs, output, _gpu_name(gpu))
     for p in files:

@@ -10,6 +10,9 @@
 * ``<base>_noise`` - the winner's ``(p80 - p20) / median``, the quantity the tie rule uses;
 * ``<base>_regret`` (``plot_regret``, from an ``evaluate --out-csv`` file) - regret of the
   selector and of each baseline rule per shape;
+* ``paged_batch_regret`` in a directory, else ``<base>_batch_regret``
+  (``plot_batches.plot_batch_regret``, from an ``evaluate-batches --out-csv`` file) - the
+  same per held-out paged batch;
 * ``paged_batches`` in a directory, else ``<base>_batches`` (``plot_batches``, from
   ``compare-batch`` CSVs) - our speed-up per paged batch over one S and over the peers.
 
@@ -279,22 +282,28 @@ def plot_regret(path, out) -> list[Path]:
         df[col] = pd.to_numeric(df[col], errors="coerce")
     labels = [f"{r.dtype} D{r.head_dim} c{r.causal} B{r.batch} Hq{r.q_heads} Hkv{r.kv_heads} "
               f"Sq{r.q_len} Sk{fmt_count(int(r.kv_len))}" for r in df.itertuples()]
-    width = 0.8 / len(rules)
-    fig, ax = plt.subplots(figsize=(min(18.0, 4 + 0.6 * len(df)), 6.5))
-    x = np.arange(len(df))
-    for k, rule in enumerate(rules):
-        vals = df[f"{rule}_regret"].to_numpy() * 100
-        ax.bar(x + (k - (len(rules) - 1) / 2) * width, np.nan_to_num(vals, nan=0.0), width,
-               label=rule)
+    gpus = ", ".join(sorted(set(map(str, df["gpu"])))) if "gpu" in df else Path(path).parent.name
+    fig = regret_bars(labels, {rule: df[f"{rule}_regret"].to_numpy() for rule in rules},
+                      f"Regret per shape of the selector and the baseline rules\n(GPU {gpus}; {Path(path).name})")
+    return _save(fig, out_base(out), "_regret")
+
+
+def regret_bars(labels: list[str], regrets: dict, title: str):
+    """A figure of grouped bars, per label, of each rule's regret (fractions; NaN: "n/a"), on a
+    symlog axis of percent."""
+    width = 0.8 / len(regrets)
+    fig, ax = plt.subplots(figsize=(min(18.0, 4 + 0.6 * len(labels)), 6.5))
+    x = np.arange(len(labels))
+    for k, (rule, values) in enumerate(regrets.items()):
+        vals = np.asarray(values, dtype=float) * 100
+        ax.bar(x + (k - (len(regrets) - 1) / 2) * width, np.nan_to_num(vals, nan=0.0), width, label=rule)
         for xi in x[np.isnan(vals)]:
-            ax.text(xi + (k - (len(rules) - 1) / 2) * width, 0, "n/a", rotation=90, fontsize=7,
+            ax.text(xi + (k - (len(regrets) - 1) / 2) * width, 0, "n/a", rotation=90, fontsize=7,
                     ha="center", va="bottom", color="0.35")
     ax.set_yscale("symlog", linthresh=1.0)
     ax.set_ylabel("regret: time / best − 1 (%, symlog axis)")
     ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=8)
-    gpus = ", ".join(sorted(set(map(str, df["gpu"])))) if "gpu" in df else Path(path).parent.name
-    fig.suptitle(f"Regret per shape of the selector and the baseline rules\n(GPU {gpus}; "
-                 f"{Path(path).name})", fontsize=11)
-    ax.legend(fontsize=9, ncol=len(rules), loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    fig.suptitle(title, fontsize=11)
+    ax.legend(fontsize=9, ncol=len(regrets), loc="lower center", bbox_to_anchor=(0.5, 1.0))
     fig.tight_layout()
-    return _save(fig, out_base(out), "_regret")
+    return fig

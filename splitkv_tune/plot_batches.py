@@ -208,3 +208,22 @@ def plot_batches(paths, out, gpu: str | None = None) -> list[Path]:
              "paged batch\n" + where)
     fig = draw(frame, ratios, title)
     return _save(fig, out_base(out, "paged"), "_batches")
+
+
+def plot_batch_regret(path, out, gpu: str | None = None) -> list[Path]:
+    """Grouped bars of each rule's regret per held-out batch, from an ``evaluate-batches
+    --out-csv`` file (``batch_evaluation.RULES``); a rule without a time for a batch is "n/a"."""
+    from splitkv_tune.batch_evaluation import RULES
+    from splitkv_tune.plot import regret_bars
+    frame = _read_csv(path)
+    needed = ["dtype", "head_dim", "q_heads", "kv_heads", "q_len", "page_size", "lengths"]
+    missing = [c for c in needed + [f"{r}_regret" for r in RULES] if c not in frame.columns]
+    if missing or not len(frame):
+        raise TableError(path, "not an `evaluate-batches --out-csv` file" + (
+            f"; missing: {', '.join(missing)}" if missing else ": no rows"))
+    labels = [f"{r.dtype} D{r.head_dim} {r.q_heads}/{r.kv_heads} Sq{r.q_len} page {r.page_size} {r.lengths}"
+              for r in frame.itertuples()]
+    regrets = {rule: pd.to_numeric(frame[f"{rule}_regret"], errors="coerce").to_numpy() for rule in RULES}
+    title = (f"Regret per held-out paged batch of the batch selector, the auto knobs and the baseline rules\n"
+             f"(GPU {gpu_label(path, frame, gpu)}; {Path(path).name})")
+    return _save(regret_bars(labels, regrets, title), out_base(out, "paged"), "_batch_regret")

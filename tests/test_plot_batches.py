@@ -120,3 +120,29 @@ def test_bad_csvs_exit_2_naming_the_file(tmp_path, text, problem):
     assert r.exit_code == 2, r.output
     assert str(bad) in r.output and problem in r.output
     assert not (tmp_path / "out" / "paged_batches.png").exists()
+
+
+HOLDOUT = PAGED.parent / "batches" / "evaluate_holdout.csv"
+
+
+def test_batch_regret_figure_of_the_committed_evaluation(tmp_path):
+    r = CliRunner().invoke(plot, ["--batch-regret", str(HOLDOUT), "-o", str(tmp_path) + "/"])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["paged_batch_regret.png", "paged_batch_regret.svg"]
+    svg = (tmp_path / "paged_batch_regret.svg").read_text()
+    for text in ("nvidia_h200", "evaluate_holdout.csv", "skewed:24:16384:256", "selector", "auto", "sglang"):
+        assert text in svg, text
+
+
+def test_batch_regret_marks_a_rule_without_a_time(tmp_path):
+    frame = pd.read_csv(HOLDOUT)
+    frame.loc[0, "selector_regret"] = None
+    path = tmp_path / "eval.csv"
+    frame.to_csv(path, index=False)
+    r = CliRunner().invoke(plot, ["--batch-regret", str(path), "-o", str(tmp_path / "out.png")])
+    assert r.exit_code == 0, r.output
+    assert "n/a" in (tmp_path / "out_batch_regret.svg").read_text()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("dtype,head_dim\nbf16,128\n")
+    r = CliRunner().invoke(plot, ["--batch-regret", str(bad), "-o", str(tmp_path) + "/"])
+    assert r.exit_code == 2 and "not an `evaluate-batches --out-csv` file" in r.output and "bad.csv" in r.output
