@@ -20,6 +20,13 @@ SplitPolicy policy_of(int code) {
   return static_cast<SplitPolicy>(code);
 }
 
+// The "auto" knob rules take counts of at least one.
+void check_live_knob_args(const char* name, int batch, int kv_heads, int packed_rows, int num_sms) {
+  if (batch < 1 || kv_heads < 1 || packed_rows < 1 || num_sms < 1) {
+    throw py::value_error(std::string(name) + " needs batch, kv_heads, packed_rows, num_sms >= 1");
+  }
+}
+
 template <int N>
 py::tuple as_tuple(const int (&values)[N]) {
   py::tuple t(N);
@@ -59,22 +66,16 @@ PYBIND11_MODULE(_rules, m) {
     return rules::live_splits(live_len, block_kv, min_blocks_per_split, max_splits);
   }, py::arg("live_len"), py::arg("block_kv"), py::arg("min_blocks_per_split"), py::arg("max_splits"));
   m.def("live_min_keys_per_split", [](int batch, int kv_heads, int packed_rows, int num_sms) {
-    if (batch < 1 || kv_heads < 1 || packed_rows < 1 || num_sms < 1) {
-      throw py::value_error("live_min_keys_per_split needs batch, kv_heads, packed_rows, num_sms >= 1");
-    }
+    check_live_knob_args("live_min_keys_per_split", batch, kv_heads, packed_rows, num_sms);
     return rules::live_min_keys_per_split(batch, kv_heads, packed_rows, num_sms);
   }, py::arg("batch"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"));
   m.def("live_max_splits_bounds", [](int batch, int kv_heads, int packed_rows, int num_sms) {
-    if (batch < 1 || kv_heads < 1 || packed_rows < 1 || num_sms < 1) {
-      throw py::value_error("live_max_splits_bounds needs batch, kv_heads, packed_rows, num_sms >= 1");
-    }
+    check_live_knob_args("live_max_splits_bounds", batch, kv_heads, packed_rows, num_sms);
     const rules::LiveSplitBounds b = rules::live_max_splits_bounds(batch, kv_heads, packed_rows, num_sms);
     return py::make_tuple(b.one_sequence, b.capacity);
   }, py::arg("batch"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"));
   m.def("live_max_splits", [](int batch, int kv_heads, int packed_rows, int num_sms) {
-    if (batch < 1 || kv_heads < 1 || packed_rows < 1 || num_sms < 1) {
-      throw py::value_error("live_max_splits needs batch, kv_heads, packed_rows, num_sms >= 1");
-    }
+    check_live_knob_args("live_max_splits", batch, kv_heads, packed_rows, num_sms);
     return rules::live_max_splits(batch, kv_heads, packed_rows, num_sms);
   }, py::arg("batch"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"));
   py::dict live_defaults;

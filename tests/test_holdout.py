@@ -9,8 +9,9 @@ from splitkv_tune.space import candidate_configs, load_grid
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 HOLDOUT = CONFIGS / "models_holdout.yaml"
-# Not shape grids of `sweep`: the held-out set, the evaluation set, GPU profiles, the batch grid.
-NOT_SWEPT = {HOLDOUT.name, "evaluate.yaml", "gpus.yaml", "batches.yaml"}
+# Not shape grids of `sweep`: the held-out set, the evaluation set, GPU profiles, and the batch
+# grids of `sweep-batches` (batches*.yaml).
+NOT_SWEPT = {HOLDOUT.name, "evaluate.yaml", "gpus.yaml"} | {p.name for p in CONFIGS.glob("batches*.yaml")}
 
 
 def test_holdout_is_large_enough_and_runs_on_the_kernel():

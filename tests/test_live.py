@@ -22,6 +22,26 @@ def test_auto_knobs_follow_the_batch_and_the_sm_count():
         assert 1 <= live.default_max_splits(batch, 8, 4, 132) <= tunables.MAX_SPLITS
 
 
+def test_the_auto_rules_are_rules_h_as_written():
+    """rules.h's live_min_keys_per_split and live_max_splits (the exported header falls back to
+    them) against their definition in words, over batches, head configurations and SM counts."""
+    low, high = live.MIN_KEYS_PER_SPLIT
+    for batch, kv_heads, packed_rows, sms in ((1, 8, 4, 132), (3, 1, 8, 108), (7, 32, 64, 16), (64, 4, 17, 132),
+                                              (1000, 2, 1, 1024), (256, 8, 128, 1)):
+        tiles = kv_heads * _rules.num_m_blocks(packed_rows)
+        keys = -(-batch * tiles * live.TYPICAL_LEN // (live.WAVES_PER_SEQUENCE * sms))
+        power = 1 << max(0, keys - 1).bit_length()
+        assert live.default_min_keys_per_split(batch, kv_heads, packed_rows, sms) == min(high, max(low, power))
+        one_sequence = -(-live.WAVES_PER_SEQUENCE * sms // tiles)
+        capacity = max(live.MIN_MAX_SPLITS, live.CAPACITY_ITEMS_PER_SM * sms // (batch * tiles))
+        assert _rules.live_max_splits_bounds(batch, kv_heads, packed_rows, sms) == (one_sequence, capacity)
+        assert live.default_max_splits(batch, kv_heads, packed_rows, sms) == max(
+            1, min(tunables.MAX_SPLITS, one_sequence, capacity))
+    for rule in (_rules.live_min_keys_per_split, _rules.live_max_splits, _rules.live_max_splits_bounds):
+        with pytest.raises(ValueError, match="needs batch, kv_heads, packed_rows, num_sms >= 1"):
+            rule(1, 8, 4, 0)
+
+
 def test_given_knobs_are_kept_and_bad_ones_named():
     assert live.resolve_knobs(4, 256, 8, 4, 132, block_kv=32, min_blocks_per_split=3, max_splits=7) == (32, 3, 7)
     for kwargs, match in ((dict(block_kv=128), "block_kv must be one of"),
