@@ -10,8 +10,9 @@
 # the paged kernel on the skewed batches and a uniform one vs FlashInfer and padded cuDNN
 # SDPA (~5 min, FlashInfer's JIT included; compare_batch.md/.csv); compare-batch-small: single
 # sequences, 64 x 2K and a log-normal batch vs FlashInfer (~2 min); batch-sweep: sweep-batches
-# over configs/batches.yaml (~8 min, resumable; BATCH_SWEEP_TIMEOUT); batch-evaluate: its batch
-# table, then evaluate-batches on configs/batches_holdout.yaml (~4 min). COMPARE_BATCH_ARGS adds
+# over configs/batches.yaml or $BATCH_GRID (~8 min, resumable; BATCH_SWEEP_TIMEOUT); batch-evaluate: the batch
+# table, then evaluate-batches on configs/batches_holdout.yaml (~4 min); dense-part: a part of
+# configs/dense_decode.yaml, resumed (DENSE_PART, DENSE_TIMEOUT). COMPARE_BATCH_ARGS adds
 # options (e.g. --plan 4:64 --peers sdpa_cudnn). The build
 # takes ~2.5 min first (wheels installed, two split kernels per instantiation).
 # Offline hosts: carry the wheels of gpu-wheelhouse.sh in .whl/ (installed to /tmp/site first).
@@ -134,23 +135,36 @@ for mode in "$@"; do
         --lengths lognormal:32:4096:1.0 --peers flashinfer_decode_tc,flashinfer_xqa --one-split 8
       ;;
     batch-sweep)
-      # The batch grid (configs/batches.yaml) swept into results/<gpu>/batches/batches.csv; a
-      # rerun times only the batches not yet there, so a timeout loses at most the batch in flight.
+      # A batch grid ($BATCH_GRID, default configs/batches.yaml) swept into
+      # results/<gpu>/batches/<grid name>.csv; a rerun times only the batches not yet there, so a
+      # timeout loses at most the batch in flight.
+      grid=${BATCH_GRID:-configs/batches.yaml}
       mkdir -p results/$gpu/batches
-      timeout ${BATCH_SWEEP_TIMEOUT:-540} splitkv-tune sweep-batches --grid configs/batches.yaml \
-        --csv results/$gpu/batches/batches.csv 2>&1 | tail -40 | tee -a "$out/batch_sweep.log"
+      timeout ${BATCH_SWEEP_TIMEOUT:-540} splitkv-tune sweep-batches --grid "$grid" \
+        --csv results/$gpu/batches/$(basename "$grid" .yaml).csv 2>&1 | tail -40 | tee -a "$out/batch_sweep.log"
       ;;
     batch-evaluate)
-      # The batch table from the batch sweep, then the selector's regret on the held-out batches
+      # The batch table from the batch sweeps, then the selector's regret on the held-out batches
       # (configs/batches_holdout.yaml, ~4 min, resumable) beside the auto knobs and FA2/FA3/SGLang.
-      splitkv-tune batch-table results/$gpu/batches/batches.csv --gpu "$flag" -o results/$gpu/batch_table.csv \
+      splitkv-tune batch-table results/$gpu/batches/batches*.csv --gpu "$flag" -o results/$gpu/batch_table.csv \
         2>&1 | tee -a "$out/batch_evaluate.log"
       timeout ${BATCH_EVALUATE_TIMEOUT:-400} splitkv-tune evaluate-batches --grid configs/batches_holdout.yaml \
         --gpu "$flag" --batch-table results/$gpu/batch_table.csv --csv results/$gpu/batches/holdout.csv \
         --out-md results/$gpu/batches/evaluate_holdout.md --out-csv results/$gpu/batches/evaluate_holdout.csv \
         2>&1 | tail -40 | tee -a "$out/batch_evaluate.log"
       ;;
-    *) echo "usage: $0 MODE... (test, head-dims, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, batch-sweep, batch-evaluate)" >&2; exit 2 ;;
+    dense-part)
+      # One part of the dense decode grid (configs/dense_decode.yaml; DENSE_PART=bf16_d128 by
+      # default), continued with --resume when its optuna.journal was carried (run's carry:
+      # results/nvidia_h200/dense_decode/<part>/optuna.journal); DENSE_TIMEOUT seconds (~17.5 min
+      # a part, so a 10-minute call sweeps part of it; a kill loses no finished trial).
+      part=${DENSE_PART:-bf16_d128}
+      dir=results/$gpu/dense_decode/$part
+      timeout ${DENSE_TIMEOUT:-300} splitkv-tune sweep --gpu "$flag" --grid configs/dense_decode.yaml \
+        --dtype ${part%%_*} --head-dim ${part##*_d} --sampler tpe --trials 24 --out "$dir" --no-progress \
+        $( [ -f "$dir/optuna.journal" ] && echo --resume ) 2>&1 | tail -8 | tee -a "$out/dense_part.log"
+      ;;
+    *) echo "usage: $0 MODE... (test, head-dims, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, batch-sweep, batch-evaluate, dense-part)" >&2; exit 2 ;;
   esac
   pack
 done
