@@ -29,7 +29,7 @@ using namespace splitkv::binding;
 
 namespace {
 
-constexpr int kMaxGridY = 65535;
+using rules::kMaxGridY;
 
 std::string shape_str(const at::Tensor& t) {
   std::string s = "(";

@@ -20,10 +20,17 @@ SplitPolicy policy_of(int code) {
   return static_cast<SplitPolicy>(code);
 }
 
-// The "auto" knob rules take counts of at least one.
-void check_live_knob_args(const char* name, int batch, int kv_heads, int packed_rows, int num_sms) {
-  if (batch < 1 || kv_heads < 1 || packed_rows < 1 || num_sms < 1) {
-    throw py::value_error(std::string(name) + " needs batch, kv_heads, packed_rows, num_sms >= 1");
+// The "auto" knob rules' arguments, taken as int64 so that any count is checked, not refused
+// by pybind11 as another type.
+void check_live_knob_args(const char* name, int64_t batch, int64_t kv_heads, int64_t packed_rows,
+                          int64_t num_sms) {
+  if (!rules::live_knob_args_ok(batch, kv_heads, packed_rows, num_sms)) {
+    throw py::value_error(std::string(name) + " needs batch, kv_heads >= 1 with batch * kv_heads <= " +
+                          std::to_string(rules::kMaxGridY) + ", packed_rows in [1, " +
+                          std::to_string(rules::kMaxKeys) + "] and num_sms in [1, " +
+                          std::to_string(rules::kMaxLiveSms) + "], got " + std::to_string(batch) + ", " +
+                          std::to_string(kv_heads) + ", " + std::to_string(packed_rows) + ", " +
+                          std::to_string(num_sms));
   }
 }
 
@@ -59,24 +66,29 @@ PYBIND11_MODULE(_rules, m) {
         py::arg("block_kv"));
   m.def("lanes_per_row", &rules::lanes_per_row, py::arg("head_dim"));
   m.attr("MAX_KEYS") = rules::kMaxKeys;
+  m.attr("MAX_GRID_Y") = rules::kMaxGridY;
   m.def("live_splits", [](int live_len, int block_kv, int min_blocks_per_split, int max_splits) {
     if (live_len < 0 || block_kv < 1 || min_blocks_per_split < 1 || max_splits < 1) {
       throw py::value_error("live_splits needs live_len >= 0 and block_kv, min_blocks_per_split, max_splits >= 1");
     }
     return rules::live_splits(live_len, block_kv, min_blocks_per_split, max_splits);
   }, py::arg("live_len"), py::arg("block_kv"), py::arg("min_blocks_per_split"), py::arg("max_splits"));
-  m.def("live_min_keys_per_split", [](int batch, int kv_heads, int packed_rows, int num_sms) {
-    check_live_knob_args("live_min_keys_per_split", batch, kv_heads, packed_rows, num_sms);
-    return rules::live_min_keys_per_split(batch, kv_heads, packed_rows, num_sms);
+  m.def("check_live_knob_args", [](int64_t batch, int64_t kv_heads, int64_t packed_rows, int64_t num_sms) {
+    check_live_knob_args("the paged call's knobs", batch, kv_heads, packed_rows, num_sms);
   }, py::arg("batch"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"));
-  m.def("live_max_splits_bounds", [](int batch, int kv_heads, int packed_rows, int num_sms) {
+  m.def("live_min_keys_per_split", [](int64_t batch, int64_t kv_heads, int64_t packed_rows, int64_t num_sms) {
+    check_live_knob_args("live_min_keys_per_split", batch, kv_heads, packed_rows, num_sms);
+    return rules::live_min_keys_per_split(int(batch), int(kv_heads), int(packed_rows), int(num_sms));
+  }, py::arg("batch"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"));
+  m.def("live_max_splits_bounds", [](int64_t batch, int64_t kv_heads, int64_t packed_rows, int64_t num_sms) {
     check_live_knob_args("live_max_splits_bounds", batch, kv_heads, packed_rows, num_sms);
-    const rules::LiveSplitBounds b = rules::live_max_splits_bounds(batch, kv_heads, packed_rows, num_sms);
+    const rules::LiveSplitBounds b =
+        rules::live_max_splits_bounds(int(batch), int(kv_heads), int(packed_rows), int(num_sms));
     return py::make_tuple(b.one_sequence, b.capacity);
   }, py::arg("batch"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"));
-  m.def("live_max_splits", [](int batch, int kv_heads, int packed_rows, int num_sms) {
+  m.def("live_max_splits", [](int64_t batch, int64_t kv_heads, int64_t packed_rows, int64_t num_sms) {
     check_live_knob_args("live_max_splits", batch, kv_heads, packed_rows, num_sms);
-    return rules::live_max_splits(batch, kv_heads, packed_rows, num_sms);
+    return rules::live_max_splits(int(batch), int(kv_heads), int(packed_rows), int(num_sms));
   }, py::arg("batch"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"));
   py::dict live_defaults;
   live_defaults["block_kv"] = rules::kLiveDefaultBlockKV;

@@ -110,9 +110,11 @@ def baseline_configs(shape: Shape, num_sms: int) -> dict[str, Config]:
 # The rules on a variable-length batch, as the paged call's plan knobs. Our plan gives sequence i
 # ``clamp(ceil(ceil(len_i / block_kv) / min_blocks_per_split), 1, max_splits)`` splits
 # (rules.h ``live_splits``). A rule of K keys per split and S splits on the longest sequence
-# becomes ``(floor(K / block_kv), S)``: the longest sequence gets exactly S splits (the tiles
-# round K down, so it needs at least S, and the cap holds it there), a shorter one at least the
-# rule's count, one more where the rounding of K to whole tiles crosses a boundary.
+# becomes ``(max(1, floor(K / block_kv)), S)``. When K >= block_kv the longest sequence gets
+# exactly S splits (the tiles round K down, so it needs at least S, and the cap holds it there)
+# and a shorter one at least the rule's count, one more where the rounding of K to whole tiles
+# crosses a boundary. When K < block_kv (a rule that splits finer than our tile), each split is
+# one tile, so the longest sequence gets min(S, its tiles).
 
 def _live_block_kv(head_dim: int) -> int:
     return min(BASELINE_BLOCK_KV, max(tunables.block_kvs_for(head_dim)))

@@ -9,8 +9,8 @@ space, with each rule's knobs added as plan rows (``with_rule_plans``):
 * ``fa2``, ``fa3``, ``sglang`` - the other projects' rules on the batch as our plan's knobs
   (``baselines.live_baseline_plans``).
 
-The oracle of a batch is its fastest row of our live path (the space, the rules' rows and
-``ours``); a rule's regret is ``time(rule's knobs) / oracle - 1``. The rows are matched by
+The oracle of a batch is its fastest row of our live path (``batch_table.CANDIDATE_IMPL``: the
+space, the rules' rows, ``ours`` and ``ours_one_split`` when present); a rule's regret is ``time(rule's knobs) / oracle - 1``. The rows are matched by
 their knob columns (``block_kv``, ``min_blocks_per_split``, ``max_splits``), so a rule whose
 knobs equal a point of the space or ``ours`` reads that row. The summary over batches is the
 geometric mean of ``1 + regret`` minus one and the largest regret, per rule.
@@ -34,7 +34,9 @@ def _packed_rows(head: dict) -> int:
 
 def rule_knobs(batch: Batch, table, num_sms: int) -> dict[str, tuple[int, int, int]]:
     """``{rule: (block_kv, min_blocks_per_split, max_splits)}`` of every rule in ``RULES`` on this
-    batch (``table``: batch-table records of one GPU)."""
+    batch (``table``: batch-table records of one GPU). The selector and ``auto`` see the batch
+    as the call does, empty slots included; the other projects' rules see its live sequences
+    (they plan from the lengths, and an empty slot has none)."""
     h = batch.head
     chosen = batch_select.select_live_knobs(table, **h, page_size=batch.page_size, lengths=batch.lengths,
                                             num_sms=num_sms)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from splitkv_tune import batches, live
+from splitkv_tune import _rules, batches, live
 from splitkv_tune.selector import Q, log2_q16
 
 PAGE_WEIGHT = 0.25
@@ -75,14 +75,22 @@ def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_head
     """The knobs of a paged call of this batch: the nearest class's in ``table`` (records of one
     GPU, ``batch_table.read_batch_table(path, gpu=...)``), else the ``"auto"`` rules on
     ``num_sms`` SMs. ``lengths``: the live lengths (ints) or a ``batches`` text. ``ValueError``
-    for a table of several GPUs, or knobs the call would refuse."""
+    naming the argument out of range (the ranges of ``rules.h``'s ``live_knob_args_ok``), for a
+    table of several GPUs, or for knobs the call would refuse."""
     lengths = batches.parse_lengths(lengths) if isinstance(lengths, str) else tuple(int(n) for n in lengths)
-    if not lengths or min(lengths) < 0:
-        raise ValueError(f"lengths must be one or more live lengths >= 0 (padded slots are 0), got {lengths!r}")
+    if not lengths or min(lengths) < 0 or max(lengths) > _rules.MAX_KEYS:
+        raise ValueError(f"lengths must be one or more live lengths in [0, {_rules.MAX_KEYS}] (padded slots are 0), "
+                         f"got {lengths!r}")
+    for name, value in (("kv_heads", kv_heads), ("q_len", q_len), ("page_size", page_size)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not isinstance(q_heads, int) or q_heads < kv_heads or q_heads % kv_heads:
+        raise ValueError(f"q_heads must be a multiple of kv_heads ({kv_heads}), got {q_heads!r}")
     summary = batches.describe(lengths)
     # A class of empty sequences is as near as one of single keys: distances are in log2.
     batch, len_max, len_mean = summary["batch"], max(1, summary["max"]), max(1, summary["total"] // summary["batch"])
     packed_rows = q_len * (q_heads // kv_heads)
+    _rules.check_live_knob_args(batch, kv_heads, packed_rows, num_sms)  # the C++ header's domain too
     gpus = sorted({r["gpu"] for r in table})
     if len(gpus) > 1:
         raise ValueError(f"the batch table holds rows of several GPUs ({', '.join(gpus)}): read it with "

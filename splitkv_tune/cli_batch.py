@@ -195,8 +195,14 @@ def _check_cuda() -> None:
 
 def _run_batch_sweep(grid, csv_path, peers=()) -> None:
     """Time the grid's batches not complete in the CSV, holding its lock; one summary line."""
+    import contextlib
+
     from splitkv_tune import batch_sweep
-    with batch_sweep.sole_writer(csv_path):
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(batch_sweep.sole_writer(csv_path))
+        except ValueError as err:  # another sweep holds the CSV
+            raise click.UsageError(str(err)) from None
         sweep = batch_sweep.plan_sweep(grid, csv_path, peers)  # as the CSV is once no one else writes it
         if sweep.complete:
             click.echo(f"resuming {csv_path}: skipping {len(sweep.complete)} of {len(grid.batches)} batches "
@@ -274,9 +280,17 @@ def evaluate_batches(grid_path, table_path, gpu, csv_path, num_sms, report_only,
             raise click.UsageError(f"no profile for GPU {gpu!r} (configs/gpus.yaml): give --num-sms")
         num_sms = profile["sms"]
     batch_sweep.read_rows(csv_path)  # a CSV in other columns is refused before any timing
+    try:
+        timed_grid = batch_evaluation.with_rule_plans(grid, table, num_sms)
+    except ValueError as err:  # knobs of the table that the call refuses, a batch out of range
+        raise click.UsageError(f"{table_path}: {err}") from None
     if not report_only:
-        _run_batch_sweep(batch_evaluation.with_rule_plans(grid, table, num_sms), csv_path)
+        _run_batch_sweep(timed_grid, csv_path)
     records = batch_evaluation.regret_records(grid, batch_sweep.read_rows(csv_path), table, num_sms)
+    if all(r["oracle_us"] is None for r in records):
+        raise click.UsageError(f"{csv_path} has no timed rows of any batch of {grid.source}: time them first "
+                               "(without --report-only), or give the CSV that evaluate-batches wrote for this grid")
+    records = [{"gpu": resolve_gpu(gpu), "num_sms": num_sms, **r} for r in records]
     report = batch_evaluation.markdown_report(
         records, f"Batch selector regret: {grid.source} on {resolve_gpu(gpu)} ({num_sms} SMs), table {table_path}")
     click.echo(report)

@@ -131,6 +131,24 @@ def _render_batch_classes(gpu: str, records: list[dict]) -> str:
         "HEADDIM_CHECK": " && ".join(f"head_dim != {h}" for h in tunables.HEAD_DIMS)})
 
 
+def _batch_tables_by_gpu(batch_tables: dict) -> dict[str, list[dict]]:
+    """``{normalised GPU name: records}``; ``TableError`` for a class given twice (two files of
+    one GPU that overlap would give it two sets of knobs)."""
+    from splitkv_tune.batch_table import CLASS_COLUMNS
+    out: dict[str, list[dict]] = {}
+    seen = set()
+    for gpu, records in batch_tables.items():
+        name = normalize_gpu_name(gpu)
+        for rec in records:
+            key = (name, *(rec[c] for c in CLASS_COLUMNS))
+            if key in seen:
+                raise TableError("<export>", f"the batch class {dict(zip(CLASS_COLUMNS, key[1:]))} of {name} is given "
+                                 "twice: give each GPU's batch table once")
+            seen.add(key)
+            out.setdefault(name, []).append(rec)
+    return out
+
+
 def _merge_codes() -> str:
     return ", ".join(f"kMerge{name.capitalize()} = {i}" for i, name in enumerate(tunables.MERGES))
 
@@ -145,7 +163,7 @@ def render_cpp_header(tables, model: CostModel = MODEL, batch_tables: dict | Non
     gpus = [_safe(t.gpu) for t in tables]
     if len(set(gpus)) != len(gpus):
         raise TableError("<export>", f"several tables for one GPU: {', '.join(gpus)}")
-    batch_tables = {normalize_gpu_name(g): recs for g, recs in (batch_tables or {}).items()}
+    batch_tables = _batch_tables_by_gpu(batch_tables or {})
     stray = sorted(set(batch_tables) - {normalize_gpu_name(g) for g in gpus})
     if stray:
         raise TableError("<export>", f"a batch table of {', '.join(stray)}, but no heuristics table of it "

@@ -20,7 +20,7 @@ from splitkv_tune.tunables import Config, Shape
 
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 _DTYPE_NAMES = {code: name for name, code in tunables.dtype_codes().items()}
-_MAX_GRID_Y = 65535
+_MAX_GRID_Y = _rules.MAX_GRID_Y
 _TUNABLES = ("num_splits", "block_kv", "reduce_threads", "split_policy")
 
 

@@ -4,6 +4,7 @@ grid, the regret of each against the oracle of rows written in compare-batch's c
 shipped held-out grid kept apart from the grid the H200 batch table is built from."""
 import copy
 import csv
+import dataclasses
 import itertools
 import math
 from pathlib import Path
@@ -185,6 +186,13 @@ def test_the_command_reports_from_the_rows(tmp_path):
     with open(out_csv, newline="") as f:
         regret = list(csv.DictReader(f))
     assert [r["lengths"] for r in regret] == GRID["lengths"]
+    assert {(r["gpu"], r["num_sms"]) for r in regret} == {("nvidia_h200", "132")}
+    # Rows of another grid's batches are no report.
+    write_rows(tmp_path / "other.csv", rows_for(dataclasses.replace(grid.batches[0], label="uniform:2:64"),
+                                                {(64, 1, 8): 5.0}))
+    result = CliRunner().invoke(main, ["evaluate-batches", "--grid", str(grid_path), "--batch-table", str(table_path),
+                                       "--gpu", "h200", "--csv", str(tmp_path / "other.csv"), "--report-only"])
+    assert result.exit_code == 2 and "has no timed rows of any batch" in result.output, result.output
 
 
 @pytest.mark.parametrize("args, expected", [

@@ -255,7 +255,7 @@ def test_a_batch_with_a_failed_row_is_timed_again(ours, tmp_path):
 def test_one_writer_per_csv(tmp_path):
     path = tmp_path / "rows.csv"
     with bsw.sole_writer(path):
-        with pytest.raises(ValueError, match="another sweep-batches is writing it"):
+        with pytest.raises(ValueError, match="another sweep-batches or evaluate-batches is writing it"):
             with bsw.sole_writer(path):
                 pass
     with bsw.sole_writer(path):  # released with the block

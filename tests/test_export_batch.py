@@ -129,15 +129,29 @@ def test_exported_header_selects_the_batch_knobs_python_does(tmp_path):
     chosen = {int(line.split()[4]) for line in want}
     assert -1 in chosen and len(chosen) > 20, "the batches reach few classes"
     # Bad arguments are refused, and an unknown device is no match.
-    bad = ("NVIDIA_H200 1 100 32 8 1 64 1 5\nNVIDIA_H200 1 128 32 6 1 64 1 5\n"
-           "NVIDIA_H200 1 128 32 8 1 64 2 5 -1\nNVIDIA_B200 1 128 32 8 1 64 1 5\n")
-    out = subprocess.run([str(exe)], input=bad, capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["false"] * 4
+    # Bad arguments (head dim, heads, a negative length, batch * kv_heads over the grid's limit,
+    # packed rows over kMaxKeys) are refused as Python refuses them, and an unknown device is no match.
+    bad = [("NVIDIA H200", ("bf16", 100, 32, 8, 1), 64, [5]), ("NVIDIA H200", ("bf16", 128, 32, 6, 1), 64, [5]),
+           ("NVIDIA H200", ("bf16", 128, 32, 8, 1), 64, [5, -1]), ("NVIDIA H200", ("bf16", 128, 8, 8, 1), 64, [5] * 8192),
+           ("NVIDIA H200", ("bf16", 128, 2**16, 1, 2**15), 64, [5]), ("NVIDIA B200", ("bf16", 128, 32, 8, 1), 64, [5])]
+    text = "".join(f"{gpu.replace(' ', '_')} {codes[h[0]]} {' '.join(map(str, h[1:]))} {page} {len(lengths)} "
+                   f"{' '.join(map(str, lengths))}\n" for gpu, h, page, lengths in bad)
+    out = subprocess.run([str(exe)], input=text, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["false"] * len(bad)
+    for gpu, head, page, lengths in bad[:-1]:
+        if head[1] in tunables.HEAD_DIMS:
+            with pytest.raises(ValueError):
+                _python(table, gpu, head, page, lengths)
 
 
 def test_a_batch_table_of_a_gpu_without_a_heuristics_table_is_refused():
     with pytest.raises(TableError, match="a batch table of nvidia_b200"):
         render_cpp_header(_tables(), batch_tables={"nvidia_b200": _classes()})
+
+
+def test_a_batch_class_given_twice_is_refused():
+    with pytest.raises(TableError, match="is given twice"):
+        render_cpp_header(_tables(), batch_tables={"nvidia_h200": _classes(), "NVIDIA_H200": _classes()[:1]})
 
 
 def test_the_command_exports_a_batch_table(tmp_path):

@@ -37,9 +37,17 @@ def test_the_auto_rules_are_rules_h_as_written():
         assert _rules.live_max_splits_bounds(batch, kv_heads, packed_rows, sms) == (one_sequence, capacity)
         assert live.default_max_splits(batch, kv_heads, packed_rows, sms) == max(
             1, min(tunables.MAX_SPLITS, one_sequence, capacity))
-    for rule in (_rules.live_min_keys_per_split, _rules.live_max_splits, _rules.live_max_splits_bounds):
-        with pytest.raises(ValueError, match="needs batch, kv_heads, packed_rows, num_sms >= 1"):
-            rule(1, 8, 4, 0)
+    # The edges of the domain: every product fits in int64 there.
+    assert _rules.live_min_keys_per_split(1, 65535, _rules.MAX_KEYS, 1) == high
+    assert _rules.live_max_splits(1, 65535, _rules.MAX_KEYS, 1 << 16) == 1
+    assert _rules.live_max_splits(1, 1, 1, 1 << 16) == tunables.MAX_SPLITS
+    bad = [(1, 8, 4, 0), (0, 8, 4, 132), (2, 65535, 4, 132), (2**24, 2**24, 2**30, 1), (1, 8, 2**31 - 1, 132),
+           (1, 8, 4, 2**40)]
+    for rule in (_rules.live_min_keys_per_split, _rules.live_max_splits, _rules.live_max_splits_bounds,
+                 _rules.check_live_knob_args):
+        for args in bad:
+            with pytest.raises(ValueError, match="needs batch, kv_heads >= 1 with batch [*] kv_heads <= 65535"):
+                rule(*args)
 
 
 def test_given_knobs_are_kept_and_bad_ones_named():

@@ -121,6 +121,19 @@ inline constexpr int kLiveMinKeysPerSplitLow = 256;
 inline constexpr int kLiveMinKeysPerSplitHigh = 1024;
 inline constexpr int kLiveCapacityItemsPerSm = 32;
 inline constexpr int kLiveMinMaxSplits = 16;
+static_assert((kLiveMinKeysPerSplitHigh & (kLiveMinKeysPerSplitHigh - 1)) == 0,
+              "live_min_keys_per_split rounds up to a power of two, within the bounds");
+// CUDA's grid.y limit, which bounds batch * kv_heads of a launch. With it, packed_rows <=
+// kMaxKeys and num_sms <= kMaxLiveSms, the "auto" rules' products fit in int64_t.
+inline constexpr int kMaxGridY = 65535;
+inline constexpr int kMaxLiveSms = 1 << 16;
+
+// Whether the "auto" rules below take these counts.
+SPLITKV_HOST_DEVICE constexpr bool live_knob_args_ok(int64_t batch, int64_t kv_heads, int64_t packed_rows,
+                                                     int64_t num_sms) {
+  return batch >= 1 && kv_heads >= 1 && batch * kv_heads <= kMaxGridY && packed_rows >= 1 &&
+         packed_rows <= kMaxKeys && num_sms >= 1 && num_sms <= kMaxLiveSms;
+}
 
 SPLITKV_HOST_DEVICE constexpr int live_min_keys_per_split(int batch, int kv_heads, int packed_rows, int num_sms) {
   const int64_t tiles = int64_t(batch) * kv_heads * num_m_blocks(packed_rows);

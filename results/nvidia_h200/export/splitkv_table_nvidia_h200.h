@@ -174,6 +174,19 @@ inline constexpr int kLiveMinKeysPerSplitLow = 256;
 inline constexpr int kLiveMinKeysPerSplitHigh = 1024;
 inline constexpr int kLiveCapacityItemsPerSm = 32;
 inline constexpr int kLiveMinMaxSplits = 16;
+static_assert((kLiveMinKeysPerSplitHigh & (kLiveMinKeysPerSplitHigh - 1)) == 0,
+              "live_min_keys_per_split rounds up to a power of two, within the bounds");
+// CUDA's grid.y limit, which bounds batch * kv_heads of a launch. With it, packed_rows <=
+// kMaxKeys and num_sms <= kMaxLiveSms, the "auto" rules' products fit in int64_t.
+inline constexpr int kMaxGridY = 65535;
+inline constexpr int kMaxLiveSms = 1 << 16;
+
+// Whether the "auto" rules below take these counts.
+SPLITKV_HOST_DEVICE constexpr bool live_knob_args_ok(int64_t batch, int64_t kv_heads, int64_t packed_rows,
+                                                     int64_t num_sms) {
+  return batch >= 1 && kv_heads >= 1 && batch * kv_heads <= kMaxGridY && packed_rows >= 1 &&
+         packed_rows <= kMaxKeys && num_sms >= 1 && num_sms <= kMaxLiveSms;
+}
 
 SPLITKV_HOST_DEVICE constexpr int live_min_keys_per_split(int batch, int kv_heads, int packed_rows, int num_sms) {
   const int64_t tiles = int64_t(batch) * kv_heads * num_m_blocks(packed_rows);
@@ -680,15 +693,17 @@ inline constexpr BatchClass kBatchClasses[45] = {
 };
 
 // The knobs of a paged call of the batch `lengths` (batch live lengths, >= 0; padded slots
-// are 0); false when an argument is out of range (out untouched).
+// are 0); false when an argument is out of range (out untouched): the ranges of
+// splitkv::rules::live_knob_args_ok, on num_sms SMs or this GPU's kSms when num_sms <= 0.
 inline bool select_live_knobs(int dtype, int head_dim, int q_heads, int kv_heads, int q_len, int page_size,
                               const std::int64_t* lengths, int batch, LiveKnobs* out, std::int64_t num_sms = 0) {
   using namespace detail;
   if (dtype != kFp16 && dtype != kBf16) return false;
   if (head_dim != 64 && head_dim != 96 && head_dim != 128 && head_dim != 256) return false;
-  if (kv_heads < 1 || q_heads < kv_heads || q_heads % kv_heads || q_len < 1 || page_size < 1 || batch < 1) {
-    return false;
-  }
+  if (kv_heads < 1 || q_heads < kv_heads || q_heads % kv_heads || q_len < 1 || page_size < 1) return false;
+  const std::int64_t packed_rows = std::int64_t{q_len} * (q_heads / kv_heads);
+  const std::int64_t sms = num_sms > 0 ? num_sms : kSms;
+  if (!splitkv::rules::live_knob_args_ok(batch, kv_heads, packed_rows, sms)) return false;
   std::int64_t len_max = 0, total = 0;
   for (int i = 0; i < batch; ++i) {
     if (lengths[i] < 0 || lengths[i] > splitkv::rules::kMaxKeys) return false;
@@ -727,12 +742,11 @@ inline bool select_live_knobs(int dtype, int head_dim, int q_heads, int kv_heads
     *out = LiveKnobs{c.block_kv, c.min_blocks_per_split, c.max_splits, c.merge, best};
     return true;
   }
-  const int sms = static_cast<int>(num_sms > 0 ? num_sms : kSms);
-  const int packed_rows = q_len * (q_heads / kv_heads);
+  const int rows = static_cast<int>(packed_rows), sm_count = static_cast<int>(sms);
   const int block_kv = splitkv::rules::kLiveDefaultBlockKV;
-  const int min_blocks = splitkv::rules::live_min_keys_per_split(batch, kv_heads, packed_rows, sms) / block_kv;
+  const int min_blocks = splitkv::rules::live_min_keys_per_split(batch, kv_heads, rows, sm_count) / block_kv;
   *out = LiveKnobs{block_kv, min_blocks > 1 ? min_blocks : 1,
-                   splitkv::rules::live_max_splits(batch, kv_heads, packed_rows, sms), kMergeAuto, -1};
+                   splitkv::rules::live_max_splits(batch, kv_heads, rows, sm_count), kMergeAuto, -1};
   return true;
 }
 
