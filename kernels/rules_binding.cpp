@@ -84,7 +84,7 @@ PYBIND11_MODULE(_rules, m) {
     check_live_knob_args("live_max_splits_bounds", batch, kv_heads, packed_rows, num_sms);
     const rules::LiveSplitBounds b =
         rules::live_max_splits_bounds(int(batch), int(kv_heads), int(packed_rows), int(num_sms));
-    return py::make_tuple(b.one_sequence, b.capacity);
+    return py::make_tuple(b.one_sequence, b.capacity, b.floor);
   }, py::arg("batch"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"));
   m.def("live_max_splits", [](int64_t batch, int64_t kv_heads, int64_t packed_rows, int64_t num_sms) {
     check_live_knob_args("live_max_splits", batch, kv_heads, packed_rows, num_sms);

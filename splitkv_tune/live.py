@@ -30,8 +30,9 @@ from splitkv_tune.tunables import Config, Shape
 # * max_splits: keeps the plan's capacity (batch x KV heads x query tiles x max_splits work
 #   items, which sizes the workspace) within CAPACITY_ITEMS_PER_SM per SM: in a large batch more
 #   splits of its long sequences measured slower (128K + 255 x 512: 262.6 µs at 16 splits, 276.4
-#   at 64, docs/PERFORMANCE.md). Never below MIN_MAX_SPLITS, so that a long sequence in a large
-#   batch still splits.
+#   at 64, docs/PERFORMANCE.md). Never below MIN_MAX_SPLITS, nor below the largest power of two
+#   within half a wave of one sequence's CTAs, so that a long sequence in a large batch still
+#   splits, over half the GPU when the batch has few KV heads (the batch sweep, docs/PERFORMANCE.md).
 _DEFAULTS = _rules.LIVE_DEFAULTS
 DEFAULT_BLOCK_KV = _DEFAULTS["block_kv"]
 WAVES_PER_SEQUENCE = _DEFAULTS["waves_per_sequence"]
@@ -58,13 +59,14 @@ def default_min_keys_per_split(batch: int, kv_heads: int, packed_rows: int, num_
 def default_max_splits(batch: int, kv_heads: int, packed_rows: int, num_sms: int) -> int:
     """The ``"auto"`` bound on splits (rules.h ``live_max_splits``): ``WAVES_PER_SEQUENCE``
     waves of ``num_sms`` CTAs for one sequence on its own, lowered for a large batch so that its
-    capacity stays within ``CAPACITY_ITEMS_PER_SM`` work items per SM, but not below
-    ``MIN_MAX_SPLITS``; at most ``tunables.MAX_SPLITS``.
+    capacity stays within ``CAPACITY_ITEMS_PER_SM`` work items per SM, but not below the floor
+    (``MIN_MAX_SPLITS``, or the largest power of two within half a wave of one sequence's CTAs
+    when that is more); at most ``tunables.MAX_SPLITS``.
 
     >>> [default_max_splits(b, 8, 4, 132) for b in (1, 16, 32, 256)]
     [33, 33, 16, 16]
-    >>> default_max_splits(1, 1, 8, 132), default_max_splits(1, 32, 64, 132)
-    (128, 9)
+    >>> default_max_splits(1, 1, 8, 132), default_max_splits(1, 32, 64, 132), default_max_splits(256, 1, 8, 132)
+    (128, 9, 64)
     """
     return _rules.live_max_splits(batch, kv_heads, packed_rows, num_sms)
 
@@ -77,13 +79,14 @@ def explain_knobs(batch: int, head_dim: int, kv_heads: int, packed_rows: int, nu
     """
     bkv, min_blocks, bound = resolve_knobs(batch, head_dim, kv_heads, packed_rows, num_sms)
     tiles = kv_heads * _rules.num_m_blocks(packed_rows)
-    one_sequence, capacity_cap = _rules.live_max_splits_bounds(batch, kv_heads, packed_rows, num_sms)
+    one_sequence, capacity_cap, floor = _rules.live_max_splits_bounds(batch, kv_heads, packed_rows, num_sms)
     low, high = MIN_KEYS_PER_SPLIT
     return (f"block_kv {bkv} (the paged default); keys per split {min_blocks * bkv}: {batch * tiles} (sequence, "
             f"KV head, query tile) CTAs of {TYPICAL_LEN} keys over {WAVES_PER_SEQUENCE} waves of {num_sms} SMs, "
             f"within [{low}, {high}]; max_splits {bound}: {WAVES_PER_SEQUENCE} waves for one sequence give "
             f"{one_sequence}, at most {CAPACITY_ITEMS_PER_SM} work items per SM {capacity_cap} (at least "
-            f"{MIN_MAX_SPLITS}), at most {tunables.MAX_SPLITS}")
+            f"{floor}: {MIN_MAX_SPLITS} or a power of two within half a wave of one sequence), at most "
+            f"{tunables.MAX_SPLITS}")
 
 
 @functools.lru_cache(maxsize=1024)

@@ -16,6 +16,9 @@ def test_auto_knobs_follow_the_batch_and_the_sm_count():
     assert live.resolve_knobs(32, 128, 8, 4, 132) == (64, 16, 16)
     assert live.resolve_knobs(256, 128, 8, 4, 132) == (64, 16, 16)
     assert live.resolve_knobs(1, 128, 1, 8, 132)[2] == tunables.MAX_SPLITS  # MQA: one tile per sequence
+    # One KV head in a large batch: the capacity cap (16) is raised to 64, a power of two within
+    # half a wave of the sequence's 132 SMs.
+    assert live.resolve_knobs(256, 128, 1, 8, 132) == (64, 16, 64)
     for batch in (1, 3, 64, 1000):
         keys = live.default_min_keys_per_split(batch, 8, 4, 132)
         assert live.MIN_KEYS_PER_SPLIT[0] <= keys <= live.MIN_KEYS_PER_SPLIT[1] and keys & (keys - 1) == 0
@@ -27,14 +30,17 @@ def test_the_auto_rules_are_rules_h_as_written():
     them) against their definition in words, over batches, head configurations and SM counts."""
     low, high = live.MIN_KEYS_PER_SPLIT
     for batch, kv_heads, packed_rows, sms in ((1, 8, 4, 132), (3, 1, 8, 108), (7, 32, 64, 16), (64, 4, 17, 132),
-                                              (1000, 2, 1, 1024), (256, 8, 128, 1)):
+                                              (1000, 2, 1, 1024), (256, 8, 128, 1), (256, 1, 8, 132),
+                                              (96, 1, 8, 132), (4096, 1, 1, 65536)):
         tiles = kv_heads * _rules.num_m_blocks(packed_rows)
         keys = -(-batch * tiles * live.TYPICAL_LEN // (live.WAVES_PER_SEQUENCE * sms))
         power = 1 << max(0, keys - 1).bit_length()
         assert live.default_min_keys_per_split(batch, kv_heads, packed_rows, sms) == min(high, max(low, power))
         one_sequence = -(-live.WAVES_PER_SEQUENCE * sms // tiles)
-        capacity = max(live.MIN_MAX_SPLITS, live.CAPACITY_ITEMS_PER_SM * sms // (batch * tiles))
-        assert _rules.live_max_splits_bounds(batch, kv_heads, packed_rows, sms) == (one_sequence, capacity)
+        half_wave = -(-sms // (2 * tiles))
+        floor = max(live.MIN_MAX_SPLITS, 1 << (half_wave.bit_length() - 1))
+        capacity = max(floor, live.CAPACITY_ITEMS_PER_SM * sms // (batch * tiles))
+        assert _rules.live_max_splits_bounds(batch, kv_heads, packed_rows, sms) == (one_sequence, capacity, floor)
         assert live.default_max_splits(batch, kv_heads, packed_rows, sms) == max(
             1, min(tunables.MAX_SPLITS, one_sequence, capacity))
     # The edges of the domain: every product fits in int64 there.

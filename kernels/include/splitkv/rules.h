@@ -113,7 +113,10 @@ SPLITKV_HOST_DEVICE constexpr int live_splits(int live_len, int block_kv, int mi
 // kLiveWavesPerSequence waves of num_sms CTAs would give each CTA, rounded up to a power of two
 // within [kLiveMinKeysPerSplitLow, kLiveMinKeysPerSplitHigh]. max_splits: those waves for one
 // sequence on its own, lowered for a large batch to kLiveCapacityItemsPerSm work items per SM
-// (the plan's capacity sizes the workspace), but not below kLiveMinMaxSplits.
+// (the plan's capacity sizes the workspace), but not below the floor: kLiveMinMaxSplits, or,
+// when more, the largest power of two within half a wave of one sequence's CTAs, so that a long
+// sequence of a large batch with few KV heads still spreads over the GPU (H200 batch sweep,
+// Hq/Hkv 8/1, 128K + 255 x 512: 130% over the best at 16 splits, 9% at 64).
 inline constexpr int kLiveDefaultBlockKV = 64;
 inline constexpr int kLiveWavesPerSequence = 2;
 inline constexpr int kLiveTypicalLen = 2048;
@@ -144,19 +147,23 @@ SPLITKV_HOST_DEVICE constexpr int live_min_keys_per_split(int batch, int kv_head
   return power < kLiveMinKeysPerSplitLow ? kLiveMinKeysPerSplitLow : int(power);
 }
 
-// {splits that give one sequence kLiveWavesPerSequence waves, the capacity cap}.
+// {splits that give one sequence kLiveWavesPerSequence waves, the capacity cap (its floor
+// applied), the floor}.
 struct LiveSplitBounds {
-  int one_sequence, capacity;
+  int one_sequence, capacity, floor;
 };
 
 SPLITKV_HOST_DEVICE constexpr LiveSplitBounds live_max_splits_bounds(int batch, int kv_heads, int packed_rows,
                                                                       int num_sms) {
   const int64_t tiles = int64_t(kv_heads) * num_m_blocks(packed_rows);
   const int64_t one_sequence = (int64_t(kLiveWavesPerSequence) * num_sms + tiles - 1) / tiles;
+  const int64_t half_wave = (int64_t(num_sms) + 2 * tiles - 1) / (2 * tiles);
+  int64_t floor = 1;
+  while (floor * 2 <= half_wave) floor *= 2;
+  floor = floor > kLiveMinMaxSplits ? floor : kLiveMinMaxSplits;
   const int64_t capacity = int64_t(kLiveCapacityItemsPerSm) * num_sms / (int64_t(batch) * tiles);
   return LiveSplitBounds{int(one_sequence < kMaxKeys ? one_sequence : kMaxKeys),
-                         int(capacity > kLiveMinMaxSplits ? (capacity < kMaxKeys ? capacity : kMaxKeys)
-                                                          : kLiveMinMaxSplits)};
+                         int(capacity > floor ? (capacity < kMaxKeys ? capacity : kMaxKeys) : floor), int(floor)};
 }
 
 SPLITKV_HOST_DEVICE constexpr int live_max_splits(int batch, int kv_heads, int packed_rows, int num_sms) {
