@@ -109,25 +109,22 @@ def regret_records(grid: BatchGrid, rows: list[dict], table, num_sms: int) -> li
 
 
 def summarize(records: list[dict]) -> dict[str, dict]:
-    """Per rule: ``{"geomean": ..., "max": ..., "batches": n}`` over the records it has a time for."""
-    out = {}
-    for rule in RULES:
-        regrets = [r[f"{rule}_regret"] for r in records if r[f"{rule}_regret"] is not None]
-        out[rule] = {"batches": len(regrets),
-                     "geomean": math.exp(sum(math.log1p(x) for x in regrets) / len(regrets)) - 1 if regrets else None,
-                     "max": max(regrets) if regrets else None}
-    return out
+    """Per rule, ``evaluation.summarize`` of its regrets over the records it has a time for:
+    ``{"geomean": ..., "max": ..., "n": ...}`` (NaN without any)."""
+    from splitkv_tune.evaluation import summarize as summarize_regrets
+    return {rule: summarize_regrets([r[f"{rule}_regret"] for r in records if r[f"{rule}_regret"] is not None])
+            for rule in RULES}
 
 
 def _pct(x) -> str:
-    return "n/a" if x is None else f"{x:.1%}"
+    return "n/a" if x is None or x != x else f"{x:.1%}"
 
 
 def markdown_report(records: list[dict], title: str) -> str:
     """The summary per rule, then one line per batch (knobs as block_kv/min_blocks/max_splits)."""
     summary = summarize(records)
     lines = [f"# {title}", "", "| rule | geometric-mean regret | max regret | batches |", "|---|---|---|---|"]
-    lines += [f"| {rule} | {_pct(s['geomean'])} | {_pct(s['max'])} | {s['batches']} |" for rule, s in summary.items()]
+    lines += [f"| {rule} | {_pct(s['geomean'])} | {_pct(s['max'])} | {s['n']} |" for rule, s in summary.items()]
     lines += ["", "| heads | page | lengths | B | max | mean | oracle µs (knobs) | "
               + " | ".join(RULES) + " |", "|" + "---|" * (7 + len(RULES))]
     for r in records:

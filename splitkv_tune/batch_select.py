@@ -66,6 +66,13 @@ def class_distance(row: dict, batch: int, len_max: int, len_mean: int, page_size
     return class_distance_q(row, batch, len_max, len_mean, page_size) / DISTANCE_ONE
 
 
+def class_order(row: dict) -> tuple:
+    """The order in which equal distances are broken: the head configuration, then
+    ``TIE_COLUMNS``. The exported header lists its classes in this order and takes the first
+    nearest."""
+    return tuple(row[c] for c in HEAD_COLUMNS + TIE_COLUMNS)
+
+
 def _describe(batch: int, len_max: int, len_mean: int, page_size: int) -> str:
     return f"B={batch}, len_max={len_max}, len_mean={len_mean}, page {page_size}"
 
@@ -103,8 +110,7 @@ def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_head
         return LiveKnobs(bkv, min_blocks, bound, "auto",
                          f"no batch-table row for {config} (of its {len(table)} rows): "
                          f"the live defaults: {live.explain_knobs(batch, head_dim, kv_heads, packed_rows, num_sms)}")
-    row = min(rows, key=lambda r: (class_distance_q(r, batch, len_max, len_mean, page_size),
-                                   tuple(r[c] for c in TIE_COLUMNS)))
+    row = min(rows, key=lambda r: (class_distance_q(r, batch, len_max, len_mean, page_size), class_order(r)))
     # The reader checked the row; resolve_knobs checks knobs from a table built any other way.
     bkv, min_blocks, bound = live.resolve_knobs(batch, head_dim, kv_heads, packed_rows, num_sms, row["block_kv"],
                                                 row["min_blocks_per_split"], row["max_splits"])

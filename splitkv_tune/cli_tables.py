@@ -329,11 +329,8 @@ def export(fmt, gpus, tables, batch_tables, output):
             df = read_heuristics(table, gpu=gpu)
             for name in ([gpu] if gpu else sorted(set(df["gpu"]))):
                 parts.append(HeuristicTable(df, gpu=name, source=table))
-        by_gpu: dict[str, list] = {}
-        for path in batch_tables:
-            for rec in read_batch_table_file(path):
-                by_gpu.setdefault(rec["gpu"], []).append(rec)
-        paths = [export_cpp_header(parts, output, batch_tables=by_gpu)]
+        classes = [rec for path in batch_tables for rec in read_batch_table_file(path)]
+        paths = [export_cpp_header(parts, output, batch_classes=classes)]
     else:
         (table, gpu), = sources
         df = read_heuristics(table, gpu=gpu)

@@ -110,14 +110,15 @@ def _render_namespace(table: HeuristicTable, model: CostModel) -> str:
 
 
 def _render_batch_classes(gpu: str, records: list[dict]) -> str:
-    """The ``splitkv_tune::gpu_<gpu>`` batch classes and ``select_live_knobs()`` (records of one
-    GPU's batch table, ``batch_table.read_batch_table``; none gives the "auto" knobs alone)."""
-    from splitkv_tune.batch_select import PAGE_SCALE
+    """The ``splitkv_tune::gpu_<gpu>`` batch classes, in ``batch_select.class_order`` (so that
+    the first nearest class is the one Python picks), and ``select_live_knobs()``; ``records``:
+    one GPU's batch-table records, none for the "auto" knobs alone."""
+    from splitkv_tune.batch_select import PAGE_SCALE, class_order
     from splitkv_tune.batch_table import CLASS_COLUMNS, LABEL_RE
     merges = {name: i for i, name in enumerate(tunables.MERGES)}
     dtypes = tunables.dtype_codes()
     rows = []
-    for rec in sorted(records, key=lambda r: tuple(r[c] for c in CLASS_COLUMNS)):
+    for rec in sorted(records, key=class_order):
         values = [dtypes[rec["dtype"]]] + [rec[c] for c in CLASS_COLUMNS[1:]]
         values += [rec["block_kv"], rec["min_blocks_per_split"], rec["max_splits"], merges[rec["merge"]]]
         values += [log2_q16(rec[c]) for c in ("batch", "len_max", "len_mean", "page_size")]
@@ -131,21 +132,20 @@ def _render_batch_classes(gpu: str, records: list[dict]) -> str:
         "HEADDIM_CHECK": " && ".join(f"head_dim != {h}" for h in tunables.HEAD_DIMS)})
 
 
-def _batch_tables_by_gpu(batch_tables: dict) -> dict[str, list[dict]]:
-    """``{normalised GPU name: records}``; ``TableError`` for a class given twice (two files of
-    one GPU that overlap would give it two sets of knobs)."""
+def _batch_classes_by_gpu(records) -> dict[str, list[dict]]:
+    """Batch-table records by normalised GPU name; ``TableError`` for a class given twice (two
+    files of one GPU that overlap would give it two sets of knobs)."""
     from splitkv_tune.batch_table import CLASS_COLUMNS
     out: dict[str, list[dict]] = {}
     seen = set()
-    for gpu, records in batch_tables.items():
-        name = normalize_gpu_name(gpu)
-        for rec in records:
-            key = (name, *(rec[c] for c in CLASS_COLUMNS))
-            if key in seen:
-                raise TableError("<export>", f"the batch class {dict(zip(CLASS_COLUMNS, key[1:]))} of {name} is given "
-                                 "twice: give each GPU's batch table once")
-            seen.add(key)
-            out.setdefault(name, []).append(rec)
+    for rec in records:
+        name = normalize_gpu_name(rec["gpu"])
+        key = (name, *(rec[c] for c in CLASS_COLUMNS))
+        if key in seen:
+            raise TableError("<export>", f"the batch class {dict(zip(CLASS_COLUMNS, key[1:]))} of {name} is given "
+                             "twice: give each GPU's batch table once")
+        seen.add(key)
+        out.setdefault(name, []).append(rec)
     return out
 
 
@@ -153,17 +153,17 @@ def _merge_codes() -> str:
     return ", ".join(f"kMerge{name.capitalize()} = {i}" for i, name in enumerate(tunables.MERGES))
 
 
-def render_cpp_header(tables, model: CostModel = MODEL, batch_tables: dict | None = None) -> str:
+def render_cpp_header(tables, model: CostModel = MODEL, batch_classes=()) -> str:
     """Text of the header for one :class:`HeuristicTable` or a list of them (one per GPU);
-    ``batch_tables``: ``{gpu: batch-table records}`` of some of those GPUs (the others get the
-    "auto" knobs alone)."""
+    ``batch_classes``: batch-table records (``batch_table_json.read_batch_table_file``) of some
+    of those GPUs, by their ``gpu`` (the others get the "auto" knobs alone)."""
     tables = [tables] if isinstance(tables, HeuristicTable) else list(tables)
     if not tables:
         raise TableError("<export>", "no tables to export")
     gpus = [_safe(t.gpu) for t in tables]
     if len(set(gpus)) != len(gpus):
         raise TableError("<export>", f"several tables for one GPU: {', '.join(gpus)}")
-    batch_tables = _batch_tables_by_gpu(batch_tables or {})
+    batch_tables = _batch_classes_by_gpu(batch_classes)
     stray = sorted(set(batch_tables) - {normalize_gpu_name(g) for g in gpus})
     if stray:
         raise TableError("<export>", f"a batch table of {', '.join(stray)}, but no heuristics table of it "
@@ -190,10 +190,10 @@ def render_cpp_header(tables, model: CostModel = MODEL, batch_tables: dict | Non
                                                         "GUARD": guard})
 
 
-def export_cpp_header(tables, path, model: CostModel = MODEL, batch_tables: dict | None = None) -> Path:
+def export_cpp_header(tables, path, model: CostModel = MODEL, batch_classes=()) -> Path:
     """Write the header of ``tables`` (a :class:`HeuristicTable` or a list) to ``path``."""
     path = Path(path)
-    text = render_cpp_header(tables, model, batch_tables)
+    text = render_cpp_header(tables, model, batch_classes)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path

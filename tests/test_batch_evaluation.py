@@ -124,7 +124,7 @@ def test_regret_is_each_rules_time_over_the_fastest_of_our_rows():
     assert second["oracle_us"] is None and all(second[f"{r}_regret"] is None for r in be.RULES)
     summary = be.summarize(records)
     regrets = [first[f"{r}_regret"] for r in be.RULES if first[f"{r}_regret"] is not None]
-    assert summary["auto"] == {"batches": 1, "geomean": pytest.approx(first["auto_regret"]),
+    assert summary["auto"] == {"n": 1, "geomean": pytest.approx(first["auto_regret"]),
                                "max": first["auto_regret"]}
     assert max(regrets) > 0
     report = be.markdown_report(records, "held-out")

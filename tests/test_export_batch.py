@@ -55,28 +55,55 @@ int main() {
 """
 
 
+# Pairs of classes a query lies exactly between: the same lengths at pages 16 and 64 (a query at
+# page 32 is one octave of page from each), and batches of 2 and 8 at page 128 (a query of 4 is
+# one octave of B from each). They break ties by the classes' order.
+TIE_LENGTHS = ["uniform:4:3000", "333x4", "uniform:4:50000"]
+TIE_BATCHES = [(2, 8, 777), (2, 8, 12345)]
+
+
+def _record(rng, head, lengths: str, page_size: int) -> dict:
+    dtype, head_dim, q_heads, kv_heads, q_len = head
+    s = batches.describe(batches.parse_lengths(lengths))
+    rec = {"schema_version": 2, "gpu": "nvidia_h200", "dtype": dtype, "head_dim": head_dim,
+           "q_heads": q_heads, "kv_heads": kv_heads, "q_len": q_len, "page_size": page_size,
+           "batch": s["batch"], "len_max": s["max"], "len_mean": s["total"] // s["batch"], "lengths": lengths,
+           "block_kv": rng.choice([64, 128]), "min_blocks_per_split": rng.choice([1, 2, 4, 8, 16]),
+           "max_splits": rng.choice([8, 16, 32, 64]), "merge": rng.choice(tunables.MERGES),
+           "median_us": 50.0, "p20_us": 49.0, "p80_us": 51.0, "noise_margin": 0.01, "n_trials": 40,
+           "source": "batches.csv"}
+    rec.update({c: None for c in bt.RUNNER_UP_COLUMNS})
+    return {c: rec[c] for c in bt.BATCH_TABLE_COLUMNS}
+
+
 def _classes(seed: int = 5) -> list[dict]:
-    """A batch table of the first two head configurations: random classes and knobs."""
+    """A batch table of the first two head configurations: random classes and knobs, and the
+    pairs of TIE_LENGTHS and TIE_BATCHES."""
     rng = random.Random(seed)
     records = {}
-    for dtype, head_dim, q_heads, kv_heads, q_len in HEADS[:2]:
+    for head in HEADS[:2]:
+        texts = []
         for _ in range(25):
             batch = rng.choice([1, 2, 3, 4, 8, 16, 24, 64, 256])
             len_max = rng.choice([512, 1000, 4096, 8192, 65536, 131072, 262144])
             len_mean = max(1, min(len_max, len_max // rng.choice([1, 1, 2, 5, 16, 64])))
-            lengths = f"{len_max}" if batch == 1 else f"{len_max},{len_mean}x{batch - 1}"
-            s = batches.describe(batches.parse_lengths(lengths))
-            rec = {"schema_version": 2, "gpu": "nvidia_h200", "dtype": dtype, "head_dim": head_dim,
-                   "q_heads": q_heads, "kv_heads": kv_heads, "q_len": q_len,
-                   "page_size": rng.choice(plan.PAGE_SIZES), "batch": s["batch"], "len_max": s["max"],
-                   "len_mean": s["total"] // s["batch"], "lengths": lengths,
-                   "block_kv": rng.choice([64, 128]), "min_blocks_per_split": rng.choice([1, 2, 4, 8, 16]),
-                   "max_splits": rng.choice([8, 16, 32, 64]), "merge": rng.choice(tunables.MERGES),
-                   "median_us": 50.0, "p20_us": 49.0, "p80_us": 51.0, "noise_margin": 0.01, "n_trials": 40,
-                   "source": "batches.csv"}
-            rec.update({c: None for c in bt.RUNNER_UP_COLUMNS})
-            records[tuple(rec[c] for c in bt.CLASS_COLUMNS)] = {c: rec[c] for c in bt.BATCH_TABLE_COLUMNS}
+            texts.append((f"{len_max}" if batch == 1 else f"{len_max},{len_mean}x{batch - 1}",
+                          rng.choice(plan.PAGE_SIZES)))
+        texts += [(text, page) for text in TIE_LENGTHS for page in (16, 64)]
+        texts += [(f"uniform:{b}:{n}", 128) for low, high, n in TIE_BATCHES for b in (low, high)]
+        for text, page in texts:
+            rec = _record(rng, head, text, page)
+            records[tuple(rec[c] for c in bt.CLASS_COLUMNS)] = rec
     return list(records.values())
+
+
+def _tie_cases():
+    """Queries midway between the pairs of ``_classes``, on the H200."""
+    for head in HEADS[:2]:
+        for text in TIE_LENGTHS:
+            yield "NVIDIA H200", head, 32, list(batches.parse_lengths(text))
+        for low, high, n in TIE_BATCHES:
+            yield "NVIDIA H200", head, 128, [n] * int((low * high) ** 0.5)
 
 
 def _random_batches(n: int, seed: int = 7):
@@ -96,9 +123,24 @@ def _python(table, gpu, head, page_size, lengths) -> str:
     rows = [r for r in table if r["gpu"] == name]
     k = batch_select.select_live_knobs(rows, dtype=dtype, head_dim=head_dim, q_heads=q_heads, kv_heads=kv_heads,
                                        q_len=q_len, page_size=page_size, lengths=lengths, num_sms=SMS[name])
-    index = -1 if k.row is None else sorted(rows, key=lambda r: tuple(r[c] for c in bt.CLASS_COLUMNS)).index(k.row)
+    index = -1 if k.row is None else sorted(rows, key=batch_select.class_order).index(k.row)
     splits = [plan.live_splits(n, k.block_kv, k.min_blocks_per_split, k.max_splits) for n in lengths]
     return " ".join(map(str, [k.block_kv, k.min_blocks_per_split, k.max_splits, k.merge, index, *splits]))
+
+
+def _ties(table, cases) -> int:
+    """How many cases have two or more nearest classes."""
+    ties = 0
+    for gpu, (dtype, head_dim, q_heads, kv_heads, q_len), page, lengths in cases:
+        rows = [r for r in table if (r["dtype"], r["head_dim"], r["q_heads"], r["kv_heads"], r["q_len"])
+                == (dtype, head_dim, q_heads, kv_heads, q_len)]
+        if "H200" not in gpu or not rows or not lengths:
+            continue
+        s = batches.describe(lengths)
+        d = [batch_select.class_distance_q(r, s["batch"], max(1, s["max"]), max(1, s["total"] // s["batch"]), page)
+             for r in rows]
+        ties += d.count(min(d)) > 1
+    return ties
 
 
 def _tables():
@@ -113,12 +155,12 @@ def test_exported_header_selects_the_batch_knobs_python_does(tmp_path):
     table = _classes()
     tables = _tables()
     assert tables[0].gpu == "nvidia_h200"
-    export_cpp_header(tables, tmp_path / "tables.h", batch_tables={"nvidia_h200": table})
+    export_cpp_header(tables, tmp_path / "tables.h", batch_classes=table)
     (tmp_path / "driver.cpp").write_text(DRIVER)
     exe = tmp_path / "driver"
     subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-pedantic",
                     str(tmp_path / "driver.cpp"), "-o", str(exe)], check=True, capture_output=True)
-    cases = list(_random_batches(3000))
+    cases = list(_random_batches(3000)) + list(_tie_cases())
     codes = tunables.dtype_codes()
     text = "".join(f"{gpu.replace(' ', '_')} {codes[h[0]]} {' '.join(map(str, h[1:]))} {page} {len(lengths)} "
                    f"{' '.join(map(str, lengths))}\n" for gpu, h, page, lengths in cases)
@@ -128,6 +170,7 @@ def test_exported_header_selects_the_batch_knobs_python_does(tmp_path):
     assert len(got) == len(cases) and not mismatches, mismatches[:3]
     chosen = {int(line.split()[4]) for line in want}
     assert -1 in chosen and len(chosen) > 20, "the batches reach few classes"
+    assert _ties(table, cases) >= len(list(_tie_cases())), "the tie cases do not meet equal distances"
     # Bad arguments are refused, and an unknown device is no match.
     # Bad arguments (head dim, heads, a negative length, batch * kv_heads over the grid's limit,
     # packed rows over kMaxKeys) are refused as Python refuses them, and an unknown device is no match.
@@ -146,12 +189,12 @@ def test_exported_header_selects_the_batch_knobs_python_does(tmp_path):
 
 def test_a_batch_table_of_a_gpu_without_a_heuristics_table_is_refused():
     with pytest.raises(TableError, match="a batch table of nvidia_b200"):
-        render_cpp_header(_tables(), batch_tables={"nvidia_b200": _classes()})
+        render_cpp_header(_tables(), batch_classes=[dict(r, gpu="nvidia_b200") for r in _classes()])
 
 
 def test_a_batch_class_given_twice_is_refused():
     with pytest.raises(TableError, match="is given twice"):
-        render_cpp_header(_tables(), batch_tables={"nvidia_h200": _classes(), "NVIDIA_H200": _classes()[:1]})
+        render_cpp_header(_tables(), batch_classes=_classes() + [dict(_classes()[0], gpu="NVIDIA_H200")])
 
 
 def test_the_command_exports_a_batch_table(tmp_path):

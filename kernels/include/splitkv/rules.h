@@ -148,7 +148,7 @@ SPLITKV_HOST_DEVICE constexpr int live_min_keys_per_split(int batch, int kv_head
 }
 
 // {splits that give one sequence kLiveWavesPerSequence waves, the capacity cap (its floor
-// applied), the floor}.
+// applied), the floor}. Within live_knob_args_ok's domain each fits an int (num_sms <= 2^16).
 struct LiveSplitBounds {
   int one_sequence, capacity, floor;
 };
@@ -162,15 +162,14 @@ SPLITKV_HOST_DEVICE constexpr LiveSplitBounds live_max_splits_bounds(int batch, 
   while (floor * 2 <= half_wave) floor *= 2;
   floor = floor > kLiveMinMaxSplits ? floor : kLiveMinMaxSplits;
   const int64_t capacity = int64_t(kLiveCapacityItemsPerSm) * num_sms / (int64_t(batch) * tiles);
-  return LiveSplitBounds{int(one_sequence < kMaxKeys ? one_sequence : kMaxKeys),
-                         int(capacity > floor ? (capacity < kMaxKeys ? capacity : kMaxKeys) : floor), int(floor)};
+  return LiveSplitBounds{int(one_sequence), int(capacity > floor ? capacity : floor), int(floor)};
 }
 
+// The least of the two bounds and kMaxSplits; at least 1, as one_sequence is.
 SPLITKV_HOST_DEVICE constexpr int live_max_splits(int batch, int kv_heads, int packed_rows, int num_sms) {
   const LiveSplitBounds b = live_max_splits_bounds(batch, kv_heads, packed_rows, num_sms);
-  int splits = b.one_sequence < b.capacity ? b.one_sequence : b.capacity;
-  splits = splits < kMaxSplits ? splits : kMaxSplits;
-  return splits < 1 ? 1 : splits;
+  const int splits = b.one_sequence < b.capacity ? b.one_sequence : b.capacity;
+  return splits < kMaxSplits ? splits : kMaxSplits;
 }
 
 // The persistent schedule of a paged / variable-length launch (tile_scheduler.h). Its shared

@@ -201,7 +201,7 @@ SPLITKV_HOST_DEVICE constexpr int live_min_keys_per_split(int batch, int kv_head
 }
 
 // {splits that give one sequence kLiveWavesPerSequence waves, the capacity cap (its floor
-// applied), the floor}.
+// applied), the floor}. Within live_knob_args_ok's domain each fits an int (num_sms <= 2^16).
 struct LiveSplitBounds {
   int one_sequence, capacity, floor;
 };
@@ -215,15 +215,14 @@ SPLITKV_HOST_DEVICE constexpr LiveSplitBounds live_max_splits_bounds(int batch, 
   while (floor * 2 <= half_wave) floor *= 2;
   floor = floor > kLiveMinMaxSplits ? floor : kLiveMinMaxSplits;
   const int64_t capacity = int64_t(kLiveCapacityItemsPerSm) * num_sms / (int64_t(batch) * tiles);
-  return LiveSplitBounds{int(one_sequence < kMaxKeys ? one_sequence : kMaxKeys),
-                         int(capacity > floor ? (capacity < kMaxKeys ? capacity : kMaxKeys) : floor), int(floor)};
+  return LiveSplitBounds{int(one_sequence), int(capacity > floor ? capacity : floor), int(floor)};
 }
 
+// The least of the two bounds and kMaxSplits; at least 1, as one_sequence is.
 SPLITKV_HOST_DEVICE constexpr int live_max_splits(int batch, int kv_heads, int packed_rows, int num_sms) {
   const LiveSplitBounds b = live_max_splits_bounds(batch, kv_heads, packed_rows, num_sms);
-  int splits = b.one_sequence < b.capacity ? b.one_sequence : b.capacity;
-  splits = splits < kMaxSplits ? splits : kMaxSplits;
-  return splits < 1 ? 1 : splits;
+  const int splits = b.one_sequence < b.capacity ? b.one_sequence : b.capacity;
+  return splits < kMaxSplits ? splits : kMaxSplits;
 }
 
 // The persistent schedule of a paged / variable-length launch (tile_scheduler.h). Its shared
@@ -639,7 +638,8 @@ namespace gpu_nvidia_h200 {
 // nearest wins, by
 //   d = 4 * (|L(B) - L(B')| + |L(len_max) - L(len_max')| + |L(len_mean) - L(len_mean')|)
 //       + |L(page) - L(page')|,        L = log2_q16 (log2 in 16-bit fixed point)
-// equal distances to the class first by (B, len_max, len_mean, page). A batch of equal lengths
+// equal distances to the class first by (B, len_max, len_mean, page): kBatchClasses is in that
+// order within a head configuration, so the first nearest class wins. A batch of equal lengths
 // is the class with len_max == len_mean. With no class of its head configuration the knobs are
 // rules.h's "auto" ones on num_sms SMs (this GPU's kSms when num_sms <= 0). The split count of
 // each sequence is then splitkv::rules::live_splits(live_len, block_kv, min_blocks_per_split,
@@ -652,50 +652,50 @@ struct BatchClass {
 
 inline constexpr int kNumBatchClasses = 45;
 inline constexpr BatchClass kBatchClasses[45] = {
-  {1, 128, 8, 1, 1, 16, 8, 262144, 65280, 64, 4, 128, 1, 196608, 1179648, 1048205, 262144},  // geometric:8:262144:2048
-  {1, 128, 8, 1, 1, 16, 16, 8192, 8192, 64, 1, 8, 1, 262144, 851968, 851968, 262144},  // uniform:16:8192
-  {1, 128, 8, 1, 1, 16, 16, 65536, 5056, 64, 16, 64, 1, 262144, 1048576, 806340, 262144},  // skewed:16:65536:1024
-  {1, 128, 8, 1, 1, 16, 32, 25587, 4096, 64, 8, 32, 1, 327680, 959651, 786432, 262144},  // lognormal:32:4096:1.0
-  {1, 128, 8, 1, 1, 16, 64, 2048, 2048, 64, 8, 8, 1, 393216, 720896, 720896, 262144},  // uniform:64:2048
-  {1, 128, 8, 1, 1, 16, 64, 6433, 2047, 64, 16, 8, 1, 393216, 829114, 720849, 262144},  // lognormal:64:2048:0.5
-  {1, 128, 8, 1, 1, 16, 256, 131072, 1022, 64, 1, 64, 1, 524288, 1114112, 655175, 262144},  // skewed:256:131072:512
   {1, 128, 8, 1, 1, 64, 8, 131072, 16832, 64, 4, 128, 1, 196608, 1114112, 920054, 393216},  // skewed:8:131072:512
+  {1, 128, 8, 1, 1, 16, 8, 262144, 65280, 64, 4, 128, 1, 196608, 1179648, 1048205, 262144},  // geometric:8:262144:2048
   {1, 128, 8, 1, 1, 64, 8, 262144, 65280, 64, 16, 64, 1, 196608, 1179648, 1048205, 393216},  // geometric:8:262144:2048
   {1, 128, 8, 1, 1, 64, 12, 32768, 4608, 64, 4, 64, 1, 234944, 983040, 797568, 393216},  // skewed:12:32768:2048
+  {1, 128, 8, 1, 1, 16, 16, 8192, 8192, 64, 1, 8, 1, 262144, 851968, 851968, 262144},  // uniform:16:8192
   {1, 128, 8, 1, 1, 64, 16, 8192, 8192, 64, 1, 8, 1, 262144, 851968, 851968, 393216},  // uniform:16:8192
+  {1, 128, 8, 1, 1, 16, 16, 65536, 5056, 64, 16, 64, 1, 262144, 1048576, 806340, 262144},  // skewed:16:65536:1024
   {1, 128, 8, 1, 1, 64, 16, 65536, 5056, 64, 16, 64, 1, 262144, 1048576, 806340, 393216},  // skewed:16:65536:1024
   {1, 128, 8, 1, 1, 64, 32, 16384, 1504, 128, 4, 32, 1, 327680, 917504, 691705, 393216},  // skewed:32:16384:1024
+  {1, 128, 8, 1, 1, 16, 32, 25587, 4096, 64, 8, 32, 1, 327680, 959651, 786432, 262144},  // lognormal:32:4096:1.0
   {1, 128, 8, 1, 1, 64, 32, 25587, 4096, 64, 8, 32, 1, 327680, 959651, 786432, 393216},  // lognormal:32:4096:1.0
   {1, 128, 8, 1, 1, 64, 48, 65536, 2368, 64, 8, 64, 1, 366016, 1048576, 734622, 393216},  // skewed:48:65536:1024
+  {1, 128, 8, 1, 1, 16, 64, 2048, 2048, 64, 8, 8, 1, 393216, 720896, 720896, 262144},  // uniform:64:2048
   {1, 128, 8, 1, 1, 64, 64, 2048, 2048, 64, 8, 8, 1, 393216, 720896, 720896, 393216},  // uniform:64:2048
+  {1, 128, 8, 1, 1, 16, 64, 6433, 2047, 64, 16, 8, 1, 393216, 829114, 720849, 262144},  // lognormal:64:2048:0.5
   {1, 128, 8, 1, 1, 64, 64, 6433, 2047, 64, 16, 8, 1, 393216, 829114, 720849, 393216},  // lognormal:64:2048:0.5
   {1, 128, 8, 1, 1, 64, 64, 32768, 1016, 64, 8, 64, 1, 393216, 983040, 654618, 393216},  // skewed:64:32768:512
   {1, 128, 8, 1, 1, 64, 96, 131072, 1618, 64, 4, 64, 1, 431552, 1114112, 698613, 393216},  // skewed:96:131072:256
+  {1, 128, 8, 1, 1, 16, 256, 131072, 1022, 64, 1, 64, 1, 524288, 1114112, 655175, 262144},  // skewed:256:131072:512
   {1, 128, 8, 1, 1, 64, 256, 131072, 1022, 64, 1, 64, 1, 524288, 1114112, 655175, 393216},  // skewed:256:131072:512
-  {1, 128, 32, 8, 1, 16, 8, 262144, 65280, 64, 2, 32, 2, 196608, 1179648, 1048205, 262144},  // geometric:8:262144:2048
-  {1, 128, 32, 8, 1, 16, 16, 8192, 8192, 64, 1, 8, 2, 262144, 851968, 851968, 262144},  // uniform:16:8192
-  {1, 128, 32, 8, 1, 16, 16, 65536, 5056, 64, 4, 32, 2, 262144, 1048576, 806340, 262144},  // skewed:16:65536:1024
-  {1, 128, 32, 8, 1, 16, 32, 25587, 4096, 64, 4, 8, 2, 327680, 959651, 786432, 262144},  // lognormal:32:4096:1.0
-  {1, 128, 32, 8, 1, 16, 64, 2048, 2048, 64, 16, 8, 2, 393216, 720896, 720896, 262144},  // uniform:64:2048
-  {1, 128, 32, 8, 1, 16, 64, 6433, 2047, 64, 16, 8, 2, 393216, 829114, 720849, 262144},  // lognormal:64:2048:0.5
-  {1, 128, 32, 8, 1, 16, 256, 131072, 1022, 64, 8, 16, 2, 524288, 1114112, 655175, 262144},  // skewed:256:131072:512
   {1, 128, 32, 8, 1, 64, 4, 32768, 32768, 64, 1, 8, 2, 131072, 983040, 983040, 393216},  // uniform:4:32768
   {1, 128, 32, 8, 1, 64, 4, 65536, 17920, 64, 2, 32, 2, 131072, 1048576, 925976, 393216},  // skewed:4:65536:2048
   {1, 128, 32, 8, 1, 64, 8, 131072, 16832, 64, 1, 32, 2, 196608, 1114112, 920054, 393216},  // skewed:8:131072:512
+  {1, 128, 32, 8, 1, 16, 8, 262144, 65280, 64, 2, 32, 2, 196608, 1179648, 1048205, 262144},  // geometric:8:262144:2048
   {1, 128, 32, 8, 1, 64, 8, 262144, 65280, 64, 1, 32, 2, 196608, 1179648, 1048205, 393216},  // geometric:8:262144:2048
   {1, 128, 32, 8, 1, 64, 12, 32768, 4608, 64, 16, 32, 2, 234944, 983040, 797568, 393216},  // skewed:12:32768:2048
+  {1, 128, 32, 8, 1, 16, 16, 8192, 8192, 64, 1, 8, 2, 262144, 851968, 851968, 262144},  // uniform:16:8192
   {1, 128, 32, 8, 1, 64, 16, 8192, 8192, 64, 1, 8, 2, 262144, 851968, 851968, 393216},  // uniform:16:8192
   {1, 128, 32, 8, 1, 64, 16, 16384, 1504, 64, 8, 16, 2, 262144, 917504, 691705, 393216},  // skewed:16:16384:512
   {1, 128, 32, 8, 1, 64, 16, 54018, 8191, 64, 16, 16, 2, 262144, 1030301, 851956, 393216},  // lognormal:16:8192:1.5
+  {1, 128, 32, 8, 1, 16, 16, 65536, 5056, 64, 4, 32, 2, 262144, 1048576, 806340, 262144},  // skewed:16:65536:1024
   {1, 128, 32, 8, 1, 64, 16, 65536, 5056, 64, 4, 32, 2, 262144, 1048576, 806340, 393216},  // skewed:16:65536:1024
   {1, 128, 32, 8, 1, 64, 32, 16384, 1504, 64, 8, 16, 2, 327680, 917504, 691705, 393216},  // skewed:32:16384:1024
+  {1, 128, 32, 8, 1, 16, 32, 25587, 4096, 64, 4, 8, 2, 327680, 959651, 786432, 262144},  // lognormal:32:4096:1.0
   {1, 128, 32, 8, 1, 64, 32, 25587, 4096, 64, 4, 8, 2, 327680, 959651, 786432, 393216},  // lognormal:32:4096:1.0
   {1, 128, 32, 8, 1, 64, 48, 65536, 2368, 64, 4, 16, 2, 366016, 1048576, 734622, 393216},  // skewed:48:65536:1024
+  {1, 128, 32, 8, 1, 16, 64, 2048, 2048, 64, 16, 8, 2, 393216, 720896, 720896, 262144},  // uniform:64:2048
   {1, 128, 32, 8, 1, 64, 64, 2048, 2048, 64, 16, 8, 2, 393216, 720896, 720896, 393216},  // uniform:64:2048
+  {1, 128, 32, 8, 1, 16, 64, 6433, 2047, 64, 16, 8, 2, 393216, 829114, 720849, 262144},  // lognormal:64:2048:0.5
   {1, 128, 32, 8, 1, 64, 64, 6433, 2047, 64, 16, 8, 2, 393216, 829114, 720849, 393216},  // lognormal:64:2048:0.5
   {1, 128, 32, 8, 1, 64, 64, 32768, 1016, 64, 8, 32, 2, 393216, 983040, 654618, 393216},  // skewed:64:32768:512
   {1, 128, 32, 8, 1, 64, 96, 131072, 1618, 64, 4, 32, 2, 431552, 1114112, 698613, 393216},  // skewed:96:131072:256
   {1, 128, 32, 8, 1, 64, 128, 8357, 1023, 64, 16, 8, 2, 458752, 853853, 655267, 393216},  // lognormal:128:1024:1.0
+  {1, 128, 32, 8, 1, 16, 256, 131072, 1022, 64, 8, 16, 2, 524288, 1114112, 655175, 262144},  // skewed:256:131072:512
   {1, 128, 32, 8, 1, 64, 256, 131072, 1022, 64, 8, 16, 2, 524288, 1114112, 655175, 393216},  // skewed:256:131072:512
 };
 
@@ -733,16 +733,10 @@ inline bool select_live_knobs(int dtype, int head_dim, int q_heads, int kv_heads
     }
     const std::int64_t d = 4 * (abs64(c.x_batch - x_batch) + abs64(c.x_max - x_max) + abs64(c.x_mean - x_mean))
                            + abs64(c.x_page - x_page);
-    if (best >= 0) {
-      const BatchClass& b = kBatchClasses[best];
-      const std::int64_t a[4] = {c.batch, c.len_max, c.len_mean, c.page_size};
-      const std::int64_t z[4] = {b.batch, b.len_max, b.len_mean, b.page_size};
-      int order = 0;
-      for (int k = 0; k < 4 && order == 0; ++k) order = a[k] < z[k] ? -1 : (a[k] > z[k] ? 1 : 0);
-      if (d > best_d || (d == best_d && order >= 0)) continue;
+    if (best < 0 || d < best_d) {
+      best = i;
+      best_d = d;
     }
-    best = i;
-    best_d = d;
   }
   if (best >= 0) {
     const BatchClass& c = kBatchClasses[best];
