@@ -22,35 +22,8 @@ namespace splitkv {
 
 using namespace cute;
 
-// This warp's rows of every K/V stage and the loader that fills them for cta (kv_stage_loader.h).
-template <class Traits, class SKTensor, class SVTensor>
-CUTE_DEVICE auto warp_kv_loader(const SplitParams& p, const SplitCta& cta, int warp, int lane, SKTensor const& sK,
-                                SVTensor const& sV) {
-  using WarpKV = Shape<Int<Traits::kKeysPerWarp>, Int<Traits::kHeadDim>, Int<Traits::kStages>>;
-  Tensor sKw = local_tile(sK, WarpKV{}, make_coord(warp, 0, 0));  // (kKeysPerWarp, kHeadDim, kStages)
-  Tensor sVw = local_tile(sV, WarpKV{}, make_coord(warp, 0, 0));  // (kKeysPerWarp, kHeadDim, kStages)
-  const int warp_key0 = cta.range.x + warp * Traits::kKeysPerWarp;  // the warp's first key of the split
-  return kv_stage_loader<Traits, typename Traits::GmemCopyKVWarp>(p, cta, lane, sKw, sVw, warp_key0);
-}
-
-// The pipeline's start for cta: its first kStages K/V tiles in flight and its Q tile gathered
-// into shared memory. decode_mainloop consumes them; a persistent CTA issues the next item's
-// prologue before the current item's epilogue (split_kernel.h), so that its loads are in flight
-// while the warps merge and store.
 template <class Traits>
-CUTE_DEVICE void decode_prologue(const SplitParams& p, char* smem, const SplitCta& cta) {
-  auto [sQ, sK, sV, sVt, sVtNoSwizzle] = smem_q_kv<Traits>(smem);
-  auto load_kv = warp_kv_loader<Traits>(p, cta, threadIdx.x / 32, threadIdx.x % 32, sK, sV);
-  start_pipeline<Traits::kStages, Traits::kNThreads, typename Traits::Element>(p, cta, load_kv, sQ);
-}
-
-// The key loop of cta, whose prologue (decode_prologue) was issued, then the warps' merge in
-// merge_smem (Traits::kWarpMergeFloats floats; the Q and K/V stages themselves in a one-item CTA)
-// and the store. after_keys() runs once every K/V tile of cta has landed and been read, before
-// the merge: a persistent CTA takes its next item and issues its prologue there.
-template <class Traits, class AfterKeys>
-CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCta& cta, char* merge_smem,
-                                 AfterKeys&& after_keys) {
+CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCta& cta) {
   static_assert(Traits::kWarpsOwnKeys && Traits::kBlockM == 16, "one 16-row MMA tile per warp");
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -67,11 +40,12 @@ CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCt
   using WarpKV = Shape<Int<kKeysPerWarp>, Int<kHeadDim>, Int<kStages>>;
   using WarpVt = Shape<Int<kHeadDim>, Int<kKeysPerWarp>, Int<kStages>>;
   Tensor sKw = local_tile(sK, WarpKV{}, make_coord(warp, 0, 0));                 // (kKeysPerWarp, kHeadDim, kStages)
+  Tensor sVw = local_tile(sV, WarpKV{}, make_coord(warp, 0, 0));                 // (kKeysPerWarp, kHeadDim, kStages)
   Tensor sVtw = local_tile(sVt, WarpVt{}, make_coord(0, warp, 0));               // (kHeadDim, kKeysPerWarp, kStages)
   Tensor sVtwNoSwizzle = local_tile(sVtNoSwizzle, WarpVt{}, make_coord(0, warp, 0));
 
   const int warp_key0 = cta.range.x + warp * kKeysPerWarp;  // the warp's first key of the split
-  auto load_kv = warp_kv_loader<Traits>(p, cta, warp, lane, sK, sV);
+  auto load_kv = kv_stage_loader<Traits, typename Traits::GmemCopyKVWarp>(p, cta, lane, sKw, sVw, warp_key0);
 
   typename Traits::WarpMma warp_mma;
   auto thr_mma = warp_mma.get_thread_slice(lane);
@@ -101,6 +75,7 @@ CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCt
   init_softmax(row_max, row_sum);
   key_limits(p, cta, tScS_rc, key_limit);
 
+  start_pipeline<kStages, Traits::kNThreads, Element>(p, cta, load_kv, sQ);
   __syncthreads();  // Q is in shared memory; with kQInRegisters each warp keeps it in registers for the whole loop
   if constexpr (Traits::kQInRegisters) copy(smem_copy_q, tSsQ, smem_thr_copy_q.retile_D(tSrQ));
 
@@ -135,13 +110,13 @@ CUTE_DEVICE void decode_mainloop(const SplitParams& p, char* smem, const SplitCt
     cp_async_fence();
   }
   cp_async_wait<0>();
-  after_keys();
 
-  // Merge the warps with the partials' rule (params.h) through merge_smem: the row max, each
-  // warp's sum and O rescaled to it, the sums added, then the O fragments added.
+  // Merge the warps with the partials' rule (params.h) through shared memory, reused once
+  // every warp is done with Q and K/V: the row max, each warp's sum and O rescaled to it, the
+  // sums added, then the O fragments added.
   constexpr int kNWarps = Traits::kNWarps;
   constexpr int kFrag = decltype(size(acc_o))::value;  // kBlockM * kHeadDim / 32
-  float* warp_m = reinterpret_cast<float*>(merge_smem);  // [kNWarps][kBlockM]
+  float* warp_m = reinterpret_cast<float*>(smem);      // [kNWarps][kBlockM]
   float* warp_l = warp_m + kNWarps * kBlockM;          // [kNWarps][kBlockM]
   float* warp_o = warp_l + kNWarps * kBlockM;          // [kNWarps][kFrag][32]
   static_assert(2 * kNWarps * kBlockM + kNWarps * kFrag * 32 == Traits::kWarpMergeFloats);

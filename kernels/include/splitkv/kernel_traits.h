@@ -112,9 +112,6 @@ struct SplitKernelTraits {
   // overwrite the Q and K/V stages.
   static constexpr int kWarpMergeFloats = kWarpsOwnKeys ? kNWarps * kBlockM * (2 + kHeadDim) : 0;
   static_assert(4 * kWarpMergeFloats <= kSmemBytes, "the warps' merge fits the K/V stages");
-  // The persistent live kernel's shared memory before its schedule: with decode tiles the warps
-  // merge after the K/V stages, which by then hold the next item's first tiles (split_kernel.h).
-  static constexpr int kLiveSmemBytes = kSmemBytes + 4 * kWarpMergeFloats;
 };
 
 template <int kHeadDim_, int kThreads_, typename Element_>

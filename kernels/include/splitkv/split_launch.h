@@ -37,7 +37,7 @@ void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmat
   using Traits = SplitKernelTraits<kHeadDim, kBlockM, kBlockKV, Element>;
   const bool live = p.seqlens != nullptr;
   auto kernel = live ? &split_kv_live_kernel<Traits> : &split_kv_kernel<Traits>;
-  const int smem = live ? Traits::kLiveSmemBytes + rules::live_schedule_bytes(p.batch) : Traits::kSmemBytes;
+  const int smem = Traits::kSmemBytes + (live ? rules::live_schedule_bytes(p.batch) : 0);
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   if (live) {
@@ -48,7 +48,7 @@ void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmat
       throw std::invalid_argument("cache_seqlens: a batch of " + std::to_string(p.batch) + " sequences needs " +
                                   std::to_string(rules::live_schedule_bytes(p.batch)) +
                                   " bytes of shared memory for its schedule beside the kernel's " +
-                                  std::to_string(Traits::kLiveSmemBytes + static_smem) + "; this device allows " +
+                                  std::to_string(Traits::kSmemBytes + static_smem) + "; this device allows " +
                                   std::to_string(smem_optin_limit(device)) + " in all");
     }
   }
