@@ -28,10 +28,6 @@ RULES = ("selector", "auto", "fa2", "fa3", "sglang")
 PLAN_KNOBS = ("block_kv", "min_blocks_per_split", "max_splits")
 
 
-def _packed_rows(head: dict) -> int:
-    return head["q_len"] * (head["q_heads"] // head["kv_heads"])
-
-
 def rule_knobs(batch: Batch, table, num_sms: int) -> dict[str, tuple[int, int, int]]:
     """``{rule: (block_kv, min_blocks_per_split, max_splits)}`` of every rule in ``RULES`` on this
     batch (``table``: batch-table records of one GPU). The selector and ``auto`` see the batch
@@ -41,7 +37,8 @@ def rule_knobs(batch: Batch, table, num_sms: int) -> dict[str, tuple[int, int, i
     chosen = batch_select.select_live_knobs(table, **h, page_size=batch.page_size, lengths=batch.lengths,
                                             num_sms=num_sms)
     knobs = {"selector": (chosen.block_kv, chosen.min_blocks_per_split, chosen.max_splits),
-             "auto": live.resolve_knobs(len(batch.lengths), h["head_dim"], h["kv_heads"], _packed_rows(h), num_sms)}
+             "auto": live.resolve_knobs(len(batch.lengths), h["head_dim"], h["kv_heads"],
+                                         batch_select.packed_rows(h["q_heads"], h["kv_heads"], h["q_len"]), num_sms)}
     live_lengths = [n for n in batch.lengths if n > 0] or [1]
     for name, (min_blocks, max_splits, block_kv) in baselines.live_baseline_plans(h, live_lengths, num_sms).items():
         knobs[name] = (block_kv, min_blocks, max_splits)

@@ -73,6 +73,11 @@ def class_order(row: dict) -> tuple:
     return tuple(row[c] for c in HEAD_COLUMNS + TIE_COLUMNS)
 
 
+def packed_rows(q_heads: int, kv_heads: int, q_len: int) -> int:
+    """Query rows per (sequence, KV head) of a head configuration: Sq x the GQA group."""
+    return q_len * (q_heads // kv_heads)
+
+
 def _describe(batch: int, len_max: int, len_mean: int, page_size: int) -> str:
     return f"B={batch}, len_max={len_max}, len_mean={len_mean}, page {page_size}"
 
@@ -96,8 +101,8 @@ def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_head
     summary = batches.describe(lengths)
     # A class of empty sequences is as near as one of single keys: distances are in log2.
     batch, len_max, len_mean = summary["batch"], max(1, summary["max"]), max(1, summary["total"] // summary["batch"])
-    packed_rows = q_len * (q_heads // kv_heads)
-    _rules.check_live_knob_args(batch, kv_heads, packed_rows, num_sms)  # the C++ header's domain too
+    q_rows = packed_rows(q_heads, kv_heads, q_len)
+    _rules.check_live_knob_args(batch, kv_heads, q_rows, num_sms)  # the C++ header's domain too
     gpus = sorted({r["gpu"] for r in table})
     if len(gpus) > 1:
         raise ValueError(f"the batch table holds rows of several GPUs ({', '.join(gpus)}): read it with "
@@ -106,13 +111,13 @@ def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_head
     rows = [r for r in table if tuple(r[c] for c in HEAD_COLUMNS) == head]
     config = f"{dtype} D{head_dim} Hq{q_heads}/Hkv{kv_heads} Sq{q_len}"
     if not rows:
-        bkv, min_blocks, bound = live.resolve_knobs(batch, head_dim, kv_heads, packed_rows, num_sms)
+        bkv, min_blocks, bound = live.resolve_knobs(batch, head_dim, kv_heads, q_rows, num_sms)
         return LiveKnobs(bkv, min_blocks, bound, "auto",
                          f"no batch-table row for {config} (of its {len(table)} rows): "
-                         f"the live defaults: {live.explain_knobs(batch, head_dim, kv_heads, packed_rows, num_sms)}")
+                         f"the live defaults: {live.explain_knobs(batch, head_dim, kv_heads, q_rows, num_sms)}")
     row = min(rows, key=lambda r: (class_distance_q(r, batch, len_max, len_mean, page_size), class_order(r)))
     # The reader checked the row; resolve_knobs checks knobs from a table built any other way.
-    bkv, min_blocks, bound = live.resolve_knobs(batch, head_dim, kv_heads, packed_rows, num_sms, row["block_kv"],
+    bkv, min_blocks, bound = live.resolve_knobs(batch, head_dim, kv_heads, q_rows, num_sms, row["block_kv"],
                                                 row["min_blocks_per_split"], row["max_splits"])
     distance = class_distance(row, batch, len_max, len_mean, page_size)
     runner_up = ("no runner-up" if row["runner_up_us"] is None
