@@ -11,8 +11,9 @@ space, with each rule's knobs added as plan rows (``with_rule_plans``):
 
 The oracle of a batch is its fastest row of our live path (``batch_table.CANDIDATE_IMPL``: the
 space, the rules' rows, ``ours`` and ``ours_one_split`` when present); a rule's regret is ``time(rule's knobs) / oracle - 1``. The rows are matched by
-their knob columns (``block_kv``, ``min_blocks_per_split``, ``max_splits``), so a rule whose
-knobs equal a point of the space or ``ours`` reads that row. The summary over batches is the
+their knob columns (``block_kv``, ``min_blocks_per_split``, ``max_splits``, ``merge``: what the
+merge is when a sequence splits), so a rule whose knobs equal a point of the space or ``ours``
+reads that row. The summary over batches is the
 geometric mean of ``1 + regret`` minus one and the largest regret, per rule.
 """
 from __future__ import annotations
@@ -20,39 +21,54 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from splitkv_tune import baselines, batch_select, batches, live
+from splitkv_tune import baselines, batch_select, batches, live, tunables
+from splitkv_tune import compare_batch as cb
 from splitkv_tune.batch_sweep import KEY_COLUMNS, Batch, BatchGrid
 from splitkv_tune.batch_table import CANDIDATE_IMPL
+from splitkv_tune.tunables import Shape
 
 RULES = ("selector", "auto", "fa2", "fa3", "sglang")
-PLAN_KNOBS = ("block_kv", "min_blocks_per_split", "max_splits")
+PLAN_KNOBS = ("block_kv", "min_blocks_per_split", "max_splits", "merge")
 
 
-def rule_knobs(batch: Batch, table, num_sms: int) -> dict[str, tuple[int, int, int]]:
-    """``{rule: (block_kv, min_blocks_per_split, max_splits)}`` of every rule in ``RULES`` on this
-    batch (``table``: batch-table records of one GPU). The selector and ``auto`` see the batch
-    as the call does, empty slots included; the other projects' rules see its live sequences
-    (they plan from the lengths, and an empty slot has none)."""
+def _merge(batch: Batch, merge: str) -> str:
+    """The merge a launch of the batch uses when a sequence splits (a row's ``merge`` column)."""
+    h = batch.head
+    shape = Shape(h["dtype"], h["head_dim"], len(batch.lengths), h["q_heads"], h["kv_heads"], h["q_len"],
+                  max(1, max(batch.lengths)))
+    return tunables.split_merge(shape, merge)
+
+
+def rule_knobs(batch: Batch, table, num_sms: int) -> dict[str, tuple[int, int, int, str]]:
+    """``{rule: (block_kv, min_blocks_per_split, max_splits, merge)}`` of every rule in ``RULES``
+    on this batch (``table``: batch-table records of one GPU; ``merge`` as the rows record it).
+    The selector and ``auto`` see the batch as the call does, empty slots included; the other
+    projects' rules see its live sequences (they plan from the lengths, and an empty slot has
+    none) and merge as our call does by default."""
     h = batch.head
     chosen = batch_select.select_live_knobs(table, **h, page_size=batch.page_size, lengths=batch.lengths,
                                             num_sms=num_sms)
-    knobs = {"selector": (chosen.block_kv, chosen.min_blocks_per_split, chosen.max_splits),
-             "auto": live.resolve_knobs(len(batch.lengths), h["head_dim"], h["kv_heads"],
-                                         batch_select.packed_rows(h["q_heads"], h["kv_heads"], h["q_len"]), num_sms)}
+    auto = live.resolve_knobs(len(batch.lengths), h["head_dim"], h["kv_heads"],
+                              batch_select.packed_rows(h["q_heads"], h["kv_heads"], h["q_len"]), num_sms)
+    knobs = {"selector": (chosen.block_kv, chosen.min_blocks_per_split, chosen.max_splits,
+                          _merge(batch, chosen.merge)),
+             "auto": (*auto, _merge(batch, "auto"))}
     live_lengths = [n for n in batch.lengths if n > 0] or [1]
     for name, (min_blocks, max_splits, block_kv) in baselines.live_baseline_plans(h, live_lengths, num_sms).items():
-        knobs[name] = (block_kv, min_blocks, max_splits)
+        knobs[name] = (block_kv, min_blocks, max_splits, _merge(batch, "auto"))
     return knobs
 
 
 def with_rule_plans(grid: BatchGrid, table, num_sms: int) -> BatchGrid:
     """The grid with each batch's rule knobs (but ``auto``, the ``ours`` row) added to its plan
-    rows where the space lacks them."""
+    rows where the space lacks them; a rule's merge is named only where it is not the call's
+    default."""
     out = []
     for batch in grid.batches:
         plans = list(batch.plans)
-        for rule, (block_kv, min_blocks, max_splits) in rule_knobs(batch, table, num_sms).items():
-            point = (min_blocks, max_splits, block_kv)
+        default_merge = _merge(batch, "auto")
+        for rule, (block_kv, min_blocks, max_splits, merge) in rule_knobs(batch, table, num_sms).items():
+            point = cb.plan_point(min_blocks, max_splits, block_kv, "auto" if merge == default_merge else merge)
             if rule != "auto" and point not in plans:
                 plans.append(point)
         out.append(dataclasses.replace(batch, plans=tuple(plans)))
@@ -66,13 +82,13 @@ def _int(cell) -> int | None:
         return None
 
 
-def _timed_knobs(rows: list[dict]) -> dict[tuple[int, int, int], float]:
-    """The fastest median per knob point among a batch's ok rows of our live path."""
+def _timed_knobs(rows: list[dict]) -> dict[tuple, float]:
+    """The fastest median per knob point (``PLAN_KNOBS``) among a batch's ok rows of our live path."""
     times: dict[tuple, float] = {}
     for row in rows:
         if row["status"] != "ok" or not CANDIDATE_IMPL.fullmatch(row["impl"]):
             continue
-        knobs = tuple(_int(row[c]) for c in PLAN_KNOBS)
+        knobs = (*(_int(row[c]) for c in PLAN_KNOBS[:3]), row["merge"] or None)
         median = float(row["median_us"])
         if None in knobs or not math.isfinite(median):
             continue

@@ -11,6 +11,7 @@ The grid (YAML)::
     page_size: [16, 64]         # plan.PAGE_SIZES
     lengths: [uniform:16:8192, skewed:16:65536:1024]   # batches.parse_lengths texts
     space: {block_kv: [64, 128], min_blocks_per_split: [1, 4], max_splits: [8, 32]}
+                                # optional in space: merge: [fused, kernel] (default: auto)
     timing: {warmup_s: 0.05, min_reps: 20, max_time_s: 0.2}   # optional, as in sweep grids
 
 Every (head configuration x page size x lengths) is one batch, identified in the CSV by its
@@ -45,7 +46,7 @@ from pathlib import Path
 
 import yaml
 
-from splitkv_tune import batches, bench, plan
+from splitkv_tune import batches, bench, plan, tunables
 from splitkv_tune import compare_batch as cb
 from splitkv_tune.batch_table import LABEL_RE, read_csv_rows
 from splitkv_tune.gpu_profiles import PROFILES
@@ -79,7 +80,7 @@ class Batch:
     page_size: int
     label: str
     lengths: tuple[int, ...]
-    plans: tuple[tuple[int, int, int], ...]  # (min_blocks_per_split, max_splits, block_kv)
+    plans: tuple[tuple, ...]  # compare_batch.plan_point: (min_blocks_per_split, max_splits, block_kv[, merge])
 
     def key(self) -> tuple[str, ...]:
         """``KEY_COLUMNS`` as the CSV's cells read."""
@@ -149,10 +150,14 @@ def _lengths(raw, where: str) -> list[tuple[str, tuple[int, ...]]]:
     return list(out.items())
 
 
-def _space(raw, where: str) -> tuple[list, list, list]:
-    if not isinstance(raw, dict) or set(raw) != set(SPACE_FIELDS):
-        raise GridError(f"{where}: expected a mapping of exactly {list(SPACE_FIELDS)}, got {raw!r}")
+def _space(raw, where: str) -> tuple[list, list, list, list]:
+    if not isinstance(raw, dict) or not set(SPACE_FIELDS) <= set(raw) <= {*SPACE_FIELDS, "merge"}:
+        raise GridError(f"{where}: expected a mapping of {list(SPACE_FIELDS)} and optionally merge, got {raw!r}")
     lists = [_int_list(raw[f], f"{where}.{f}") for f in SPACE_FIELDS]
+    merges = raw.get("merge", ["auto"])
+    if not isinstance(merges, list) or not merges or any(not isinstance(m, str) for m in merges):
+        raise GridError(f"{where}.merge: expected a non-empty list of merges {list(tunables.MERGES)}, got {merges!r}")
+    lists.append(merges)
     try:
         cb.check_plan_space(*lists)
     except ValueError as err:
@@ -181,7 +186,8 @@ def parse_batch_grid(raw, source: str = "<grid>") -> BatchGrid:
     space = _space(raw["space"], f"{source}: space")
     out: dict[tuple, Batch] = {}
     for i, head in enumerate(heads):
-        plans, dropped = cb.expand_plan_space(*space, head["head_dim"])
+        block_kvs, min_blocks, max_splits, merges = space
+        plans, dropped = cb.expand_plan_space(block_kvs, min_blocks, max_splits, head["head_dim"], merges=merges)
         if not plans:
             raise GridError(f"{source}: space.block_kv: none of {dropped} is built at head_dim {head['head_dim']} "
                             f"(heads[{i}])")

@@ -51,7 +51,7 @@ BATCH_TABLE_COLUMNS = (["schema_version", "gpu"] + CLASS_COLUMNS + ["lengths"] +
                        + ["noise_margin", "n_trials", "source"])
 # A --lengths label: a list with repeats or a named distribution (batches.parse_lengths).
 LABEL_RE = re.compile(r"[A-Za-z0-9_.:,-]+")
-CANDIDATE_IMPL = re.compile(r"ours|ours_one_split|ours(_kv[0-9]+)?_m[0-9]+_s[0-9]+")
+CANDIDATE_IMPL = re.compile(r"ours|ours_one_split|ours(_kv[0-9]+)?_m[0-9]+_s[0-9]+(_fused|_kernel)?")
 # The compare-batch columns the builder reads.
 COMPARE_COLUMNS = ["label", "batch", "max_len", "total_len", "page_size", "q_heads", "kv_heads", "head_dim",
                    "q_len", "dtype", "impl", "status", "median_us", "p20_us", "p80_us"] + KNOB_COLUMNS

@@ -46,19 +46,40 @@ def _peer_list(peers: str) -> list[str]:
     return peer_list
 
 
+def _plan_option(text: str) -> tuple:
+    """One ``--plan`` value as a ``compare_batch.plan_point``; a usage error naming the option."""
+    from splitkv_tune.compare_batch import PLAN_BLOCK_KV, plan_point
+    from splitkv_tune.plan import check_plan_knobs
+    fields = text.split(":")
+    try:
+        if not 2 <= len(fields) <= 4:
+            raise ValueError
+        min_blocks, max_splits, block_kv = (int(x) for x in (fields + [str(PLAN_BLOCK_KV)])[:3])
+        merge = fields[3] if len(fields) == 4 else "auto"
+        tunables.check_merge(merge)
+        check_plan_knobs(block_kv, min_blocks, max_splits)
+    except ValueError:
+        raise click.BadParameter(f"expected MIN_BLOCKS:MAX_SPLITS[:BLOCK_KV[:MERGE]] with MIN_BLOCKS >= 1, "
+                                 f"MAX_SPLITS in [1, {tunables.MAX_SPLITS}], BLOCK_KV one of {tunables.BLOCK_KV} "
+                                 f"and MERGE one of {tunables.MERGES}, got {text!r}", param_hint="--plan") from None
+    return plan_point(min_blocks, max_splits, block_kv, merge)
+
+
 def _plan_space(ctx, param, value):
-    """A ``--plan-space`` callback: ``(block_kvs, min_blocks, max_splits)`` lists, or None."""
+    """A ``--plan-space`` callback: ``(block_kvs, min_blocks, max_splits, merges)`` lists, or None."""
     if value is None:
         return None
     from splitkv_tune.compare_batch import check_plan_space
     try:
-        lists = [[int(x) for x in part.split(",")] for part in value.split(":")]
-        if len(lists) != 3:
-            raise ValueError(f"expected 3 lists separated by ':', got {len(lists)}")
+        parts = value.split(":")
+        if len(parts) not in (3, 4):
+            raise ValueError(f"expected 3 or 4 lists separated by ':', got {len(parts)}")
+        lists = [[int(x) for x in part.split(",")] for part in parts[:3]]
+        lists.append(parts[3].split(",") if len(parts) == 4 else ["auto"])
         check_plan_space(*lists)
     except ValueError as err:
-        raise click.BadParameter(f"expected BLOCK_KVS:MIN_BLOCKS:MAX_SPLITS, comma lists such as "
-                                 f"64,128:1,2,4,8,16:8,16,32,64, got {value!r} ({err})",
+        raise click.BadParameter(f"expected BLOCK_KVS:MIN_BLOCKS:MAX_SPLITS[:MERGES], comma lists such as "
+                                 f"64,128:1,2,4,8,16:8,16,32,64:fused,kernel, got {value!r} ({err})",
                                  param_hint="--plan-space") from None
     return lists
 
@@ -80,13 +101,13 @@ def _plan_space(ctx, param, value):
 @click.option("--one-split", type=click.IntRange(1, tunables.MAX_SPLITS), default=16,
               show_default=True,
               help="S of ours_one_split (min_blocks_per_split=1, max_splits=S).")
-@click.option("--plan", "plans", multiple=True, metavar="MIN_BLOCKS:MAX_SPLITS[:BLOCK_KV]",
-              help="Also time ours with these plan knobs (block_kv 64 unless given), one row each "
-                   "(ours_m<MIN>_s<MAX>, or ours_kv<BLOCK_KV>_m<MIN>_s<MAX>).")
-@click.option("--plan-space", callback=_plan_space, metavar="BLOCK_KVS:MIN_BLOCKS:MAX_SPLITS",
-              help="Also time ours at every combination of these comma lists (64,128:1,2,4,8,16:8,16,32,64), "
-                   "one row each named as --plan rows are; block_kvs not built at --head-dim and points "
-                   "already given by --plan are left out.")
+@click.option("--plan", "plans", multiple=True, metavar="MIN_BLOCKS:MAX_SPLITS[:BLOCK_KV[:MERGE]]",
+              help="Also time ours with these plan knobs (block_kv 64 and merge auto unless given), one row "
+                   "each (ours_m<MIN>_s<MAX>, or ours_kv<BLOCK_KV>_m<MIN>_s<MAX>, then _fused or _kernel).")
+@click.option("--plan-space", callback=_plan_space, metavar="BLOCK_KVS:MIN_BLOCKS:MAX_SPLITS[:MERGES]",
+              help="Also time ours at every combination of these comma lists "
+                   "(64,128:1,2,4,8,16:8,16,32,64, or with :fused,kernel), one row each named as --plan rows "
+                   "are; block_kvs not built at --head-dim and points already given by --plan are left out.")
 @click.option("--wider", multiple=True, type=click.IntRange(2, 1024),
               help="Also time ours behind a block table this many times wider (ours_wide<N>).")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False, allow_dash=True),
@@ -107,20 +128,7 @@ def compare_batch(batches, page_size, q_heads, kv_heads, head_dim, q_len, dtype,
         except ValueError as err:
             raise click.UsageError(f"bad shape for --lengths {text!r}: {err}")
     peer_list = _peer_list(peers)
-    from splitkv_tune.compare_batch import PLAN_BLOCK_KV
-    from splitkv_tune.plan import check_plan_knobs
-    plan_knobs = []
-    for text in plans:
-        try:
-            knobs = tuple(int(x) for x in text.split(":"))
-            if not 2 <= len(knobs) <= 3:
-                raise ValueError
-            check_plan_knobs(knobs[2] if len(knobs) == 3 else PLAN_BLOCK_KV, knobs[0], knobs[1])
-        except ValueError:
-            raise click.BadParameter(f"expected MIN_BLOCKS:MAX_SPLITS[:BLOCK_KV] with MIN_BLOCKS >= 1, MAX_SPLITS in "
-                                     f"[1, {tunables.MAX_SPLITS}] and BLOCK_KV one of {tunables.BLOCK_KV}, got "
-                                     f"{text!r}", param_hint="--plan") from None
-        plan_knobs.append(knobs)
+    plan_knobs = [_plan_option(text) for text in plans]
     if plan_space:
         plan_knobs += _expand_plan_space(plan_space, head_dim, plan_knobs)
     check_output(csv_path, "--csv", allow_stdout=True)
@@ -147,13 +155,14 @@ def compare_batch(batches, page_size, q_heads, kv_heads, head_dim, q_len, dtype,
         click.echo(markdown)
 
 
-def _expand_plan_space(plan_space, head_dim: int, plans) -> list[tuple[int, int, int]]:
+def _expand_plan_space(plan_space, head_dim: int, plans) -> list[tuple]:
     """The ``--plan-space`` points to time besides ``plans``; a usage error when none of its
     block_kvs is built at ``head_dim``, a note on stderr when some are not."""
     from splitkv_tune.compare_batch import expand_plan_space
-    added, dropped = expand_plan_space(*plan_space, head_dim, plans)
+    block_kvs, min_blocks, max_splits, merges = plan_space
+    added, dropped = expand_plan_space(block_kvs, min_blocks, max_splits, head_dim, plans, merges)
     allowed = tunables.BLOCK_KV_BY_HEAD_DIM[head_dim]
-    if len(dropped) == len(set(plan_space[0])):
+    if len(dropped) == len(set(block_kvs)):
         raise click.BadParameter(f"no block_kv of {dropped} is built at --head-dim {head_dim} (choose from "
                                  f"{allowed})", param_hint="--plan-space")
     if dropped:

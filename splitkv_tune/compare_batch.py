@@ -129,9 +129,9 @@ def _num_sms(device) -> int | None:
 
 
 def _knob_columns(shape: Shape, num_sms: int | None, block_kv="auto", min_blocks_per_split="auto",
-                  max_splits="auto") -> dict:
+                  max_splits="auto", merge="auto") -> dict:
     """A live-path row's ``KNOB_COLUMNS``, resolved as the call resolves them; empty without an
-    SM count. ``merge`` is what the call's ``"auto"`` becomes when a sequence splits (``resolve_merge``)."""
+    SM count. ``merge``: what the call's merge is when a sequence splits (``tunables.split_merge``)."""
     if num_sms is None:
         return {}
     from splitkv_tune import live
@@ -140,8 +140,7 @@ def _knob_columns(shape: Shape, num_sms: int | None, block_kv="auto", min_blocks
                                    block_kv, min_blocks_per_split, max_splits)
     except ValueError:  # knobs the call refuses: its row fails and says why
         return {}
-    merge = "fused" if tunables.fused_merge_fits(shape) else "kernel"
-    return dict(zip(KNOB_COLUMNS, (*knobs, merge)))
+    return dict(zip(KNOB_COLUMNS, (*knobs, tunables.split_merge(shape, merge))))
 
 
 def _plan_splits(shape: Shape, device) -> int:
@@ -261,41 +260,58 @@ def _check(name, out, expected, source, tol) -> tuple[str, float, bool]:
 PLAN_BLOCK_KV = 64
 
 
-def plan_row_name(min_blocks: int, max_splits: int, block_kv: int = PLAN_BLOCK_KV) -> str:
+def plan_point(min_blocks: int, max_splits: int, block_kv: int = PLAN_BLOCK_KV, merge: str = "auto") -> tuple:
+    """A plan row's knobs as the tuple ``plans`` take: ``(min_blocks_per_split, max_splits,
+    block_kv)``, with the merge as a fourth element when it is not ``"auto"``.
+
+    >>> plan_point(4, 32), plan_point(4, 32, 64, "kernel")
+    ((4, 32, 64), (4, 32, 64, 'kernel'))
+    """
+    return (min_blocks, max_splits, block_kv) if merge == "auto" else (min_blocks, max_splits, block_kv, merge)
+
+
+def plan_row_name(min_blocks: int, max_splits: int, block_kv: int = PLAN_BLOCK_KV, merge: str = "auto") -> str:
     """The ``impl`` of a plan row: ``ours_m<min>_s<max>``, ``ours_kv<block_kv>_m<min>_s<max>``
-    at a block_kv other than ``PLAN_BLOCK_KV``."""
+    at a block_kv other than ``PLAN_BLOCK_KV``, then ``_fused`` or ``_kernel`` for a merge
+    other than ``"auto"``."""
     prefix = "ours" if block_kv == PLAN_BLOCK_KV else f"ours_kv{block_kv}"
-    return f"{prefix}_m{min_blocks}_s{max_splits}"
+    return f"{prefix}_m{min_blocks}_s{max_splits}" + ("" if merge == "auto" else f"_{merge}")
 
 
-def check_plan_space(block_kvs, min_blocks, max_splits) -> None:
-    """``ValueError`` naming the knob of the first value in these lists of ints that the paged
-    call refuses (``plan.check_plan_knobs``)."""
+def check_plan_space(block_kvs, min_blocks, max_splits, merges=("auto",)) -> None:
+    """``ValueError`` naming the knob of the first value in these lists that the paged call
+    refuses (``plan.check_plan_knobs``, ``tunables.check_merge``)."""
     for block_kv in block_kvs:
         plan.check_plan_knobs(block_kv, 1, 1)
     for value in min_blocks:
         plan.check_plan_knobs(PLAN_BLOCK_KV, value, 1)
     for value in max_splits:
         plan.check_plan_knobs(PLAN_BLOCK_KV, 1, value)
+    for merge in merges:
+        tunables.check_merge(merge)
 
 
-def expand_plan_space(block_kvs, min_blocks, max_splits, head_dim: int,
-                      plans=()) -> tuple[list[tuple[int, int, int]], list[int]]:
-    """Every ``(min_blocks_per_split, max_splits, block_kv)`` of the product, block_kv outermost,
-    less those already in ``plans`` (``--plan`` tuples; one without block_kv is at
-    ``PLAN_BLOCK_KV``), and the block_kvs dropped as not instantiated at ``head_dim``
-    (``tunables.BLOCK_KV_BY_HEAD_DIM``): ``(plans to add, dropped block_kvs)``.
+def expand_plan_space(block_kvs, min_blocks, max_splits, head_dim: int, plans=(),
+                      merges=("auto",)) -> tuple[list[tuple], list[int]]:
+    """Every ``plan_point`` of the product, block_kv outermost and merge innermost, less those
+    already in ``plans`` (``--plan`` tuples; one without block_kv is at ``PLAN_BLOCK_KV``), and
+    the block_kvs dropped as not instantiated at ``head_dim`` (``tunables.BLOCK_KV_BY_HEAD_DIM``):
+    ``(plans to add, dropped block_kvs)``.
 
     >>> expand_plan_space([64, 128], [1, 2], [8], 256, plans=[(2, 8)])
     ([(1, 8, 64)], [128])
+    >>> expand_plan_space([64], [1], [8], 128, merges=["fused", "kernel"])
+    ([(1, 8, 64, 'fused'), (1, 8, 64, 'kernel')], [])
     """
     allowed = tunables.BLOCK_KV_BY_HEAD_DIM[head_dim]
-    taken = {(p[0], p[1], p[2] if len(p) > 2 else PLAN_BLOCK_KV) for p in plans}
+    taken = {plan_point(*p) for p in plans}
     added = []
     for block_kv in dict.fromkeys(block_kvs):
         if block_kv not in allowed:
             continue
-        for point in itertools.product(dict.fromkeys(min_blocks), dict.fromkeys(max_splits), [block_kv]):
+        for min_b, max_s, merge in itertools.product(dict.fromkeys(min_blocks), dict.fromkeys(max_splits),
+                                                     dict.fromkeys(merges)):
+            point = plan_point(min_b, max_s, block_kv, merge)
             if point not in taken:
                 taken.add(point)
                 added.append(point)
@@ -327,8 +343,8 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
 
     ``lengths`` is a ``batches`` text or a sequence of ints; ``copy_bw`` (GB/s) is measured
     when not given. ``one_split`` None: no ours_one_split row. ``plans``:
-    ``(min_blocks_per_split, max_splits[, block_kv])`` tuples, each timed as one more row of
-    ours (named by ``plan_row_name``). ``wider``: factors ``N``, each timed as ours behind a
+    ``(min_blocks_per_split, max_splits[, block_kv[, merge]])`` tuples (``plan_point``), each
+    timed as one more row of ours (named by ``plan_row_name``). ``wider``: factors ``N``, each timed as ours behind a
     block table ``N`` times wider (``ours_wide<N>``: capacity invariance). ``layout_rows``
     False: no ours_contiguous, ours_equal_length and ours_table rows (a sweep of the paged
     knobs needs none of them).
@@ -358,11 +374,12 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
         impls.append(("ours_one_split", lambda: _ours(sets, min_blocks_per_split=1, max_splits=one_split),
                       f"min_blocks_per_split=1, max_splits={one_split}", None,
                       _knob_columns(shape, num_sms, min_blocks_per_split=1, max_splits=one_split)))
-    for min_blocks, max_splits, *rest in plans:
-        block_kv = rest[0] if rest else PLAN_BLOCK_KV
-        knobs = dict(block_kv=block_kv, min_blocks_per_split=min_blocks, max_splits=max_splits)
-        impls.append((plan_row_name(min_blocks, max_splits, block_kv), functools.partial(_ours, sets, **knobs),
-                      f"block_kv={block_kv}, min_blocks_per_split={min_blocks}, max_splits={max_splits}", None,
+    for point in plans:
+        min_blocks, max_splits, block_kv, *rest = plan_point(*point)
+        merge = rest[0] if rest else "auto"
+        knobs = dict(block_kv=block_kv, min_blocks_per_split=min_blocks, max_splits=max_splits, merge=merge)
+        impls.append((plan_row_name(min_blocks, max_splits, block_kv, merge), functools.partial(_ours, sets, **knobs),
+                      ", ".join(f"{k}={v}" for k, v in knobs.items() if v != "auto"), None,
                       _knob_columns(shape, num_sms, **knobs)))
     page_bytes = first.k_pool[0].numel() * first.k_pool.element_size()
     for mult in wider:

@@ -146,11 +146,7 @@ def resolve_merge(shape: Shape, config: Config, merge: str = "auto") -> str:
     'none'
     """
     tunables.check_merge(merge)
-    if config.num_splits == 1:
-        return "none"
-    if merge == "auto":
-        return "fused" if tunables.fused_merge_fits(shape) else "kernel"
-    return merge
+    return "none" if config.num_splits == 1 else tunables.split_merge(shape, merge)
 
 
 def workspace_size(q: torch.Tensor, k: torch.Tensor, num_splits: int) -> int:

@@ -300,6 +300,19 @@ def check_merge(merge: str) -> str:
     return merge
 
 
+def split_merge(shape: Shape, merge: str = "auto") -> str:
+    """How a launch of ``shape`` whose sequences split merges: ``merge``, or for ``"auto"`` the
+    fused merge where it fits (``fused_merge_fits``), else the combine kernel.
+
+    >>> split_merge(Shape("bf16", 128, 1, 32, 8, 1, 4096)), split_merge(Shape("bf16", 128, 1, 32, 8, 4, 4096))
+    ('fused', 'kernel')
+    """
+    check_merge(merge)
+    if merge != "auto":
+        return merge
+    return "fused" if fused_merge_fits(shape) else "kernel"
+
+
 def fused_merge_fits(shape: Shape) -> bool:
     """Whether the fused merge of one query tile is one row fold per thread of the last CTA
     (``lanes_per_row`` lanes per row, so one float4 per thread at head dims 64 and 128).

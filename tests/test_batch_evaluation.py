@@ -71,27 +71,36 @@ def test_the_rules_knobs_and_the_plan_rows_they_add():
     batch = grid.batches[0]
     knobs = be.rule_knobs(batch, TABLE, SMS)
     assert set(knobs) == set(be.RULES)
-    assert knobs["selector"] == (64, 4, 32)  # the table's only class
-    assert knobs["auto"] == live.resolve_knobs(8, 128, 8, 4, SMS)
+    assert knobs["selector"] == (64, 4, 32, "fused")  # the table's only class
+    assert knobs["auto"] == (*live.resolve_knobs(8, 128, 8, 4, SMS), "fused")
     timed = be.with_rule_plans(grid, TABLE, SMS)
     for before, after in zip(grid.batches, timed.batches):
         assert after.plans[:len(before.plans)] == before.plans
         added = set(after.plans[len(before.plans):])
-        wanted = {(mb, ms, bkv) for rule, (bkv, mb, ms) in be.rule_knobs(before, TABLE, SMS).items() if rule != "auto"}
+        wanted = {(mb, ms, bkv) for rule, (bkv, mb, ms, _) in be.rule_knobs(before, TABLE, SMS).items()
+                  if rule != "auto"}
         assert added == wanted - set(before.plans) and len(after.plans) == len(set(after.plans))
     # With no row of the head configuration the selector falls back to the auto rules.
     assert be.rule_knobs(batch, [], SMS)["selector"] == knobs["auto"]
 
 
+def timed_point(point) -> tuple:
+    """The knob key of a plan row of this file's grid (``PLAN_KNOBS``): the merge is fused unless
+    the plan names one."""
+    min_blocks, max_splits, block_kv, *merge = point
+    return block_kv, min_blocks, max_splits, merge[0] if merge else "fused"
+
+
 def rows_for(batch, times: dict, extra=()):
-    """compare-batch rows of one batch: ``times`` maps (block_kv, min_blocks, max_splits) to a median."""
+    """compare-batch rows of one batch: ``times`` maps (block_kv, min_blocks, max_splits, merge) to a
+    median."""
     s = batches.describe(batch.lengths)
     rows = []
     for i, (knobs, median) in enumerate(times.items()):
         row = dict.fromkeys(cb.COLUMNS, "")
         row.update(batch.head, page_size=batch.page_size, label=batch.label, batch=s["batch"], max_len=s["max"],
                    total_len=s["total"], impl="ours" if i == 0 else cb.plan_row_name(knobs[1], knobs[2], knobs[0]),
-                   status="ok", median_us=median, p20_us=median, p80_us=median, merge="fused")
+                   status="ok", median_us=median, p20_us=median, p80_us=median)
         row.update(zip(be.PLAN_KNOBS, knobs))
         rows.append({k: str(v) for k, v in row.items()})
     for impl, status, median in extra:
@@ -107,7 +116,7 @@ def test_regret_is_each_rules_time_over_the_fastest_of_our_rows():
     timed = be.with_rule_plans(grid, TABLE, SMS)
     batch = timed.batches[0]
     knobs = be.rule_knobs(batch, TABLE, SMS)
-    points = [knobs["auto"]] + [(bkv, mb, ms) for mb, ms, bkv in batch.plans if (bkv, mb, ms) != knobs["auto"]]
+    points = [knobs["auto"]] + [p for p in map(timed_point, batch.plans) if p != knobs["auto"]]
     times = {p: 100.0 + 3 * i for i, p in enumerate(points)}
     oracle = min(times, key=times.get)
     # A peer faster than every row of ours, or a failed row of ours, is no oracle.
@@ -173,7 +182,7 @@ def test_the_command_reports_from_the_rows(tmp_path):
     rows = []
     for batch in grid.batches:
         knobs = be.rule_knobs(batch, TABLE, SMS)
-        points = [knobs["auto"]] + [(bkv, mb, ms) for mb, ms, bkv in batch.plans]
+        points = [knobs["auto"]] + [timed_point(p) for p in batch.plans]
         rows += rows_for(batch, {p: 50.0 + i for i, p in enumerate(dict.fromkeys(points))})
     write_rows(tmp_path / "rows.csv", rows)
     out_md, out_csv = tmp_path / "report.md", tmp_path / "regret.csv"
@@ -189,7 +198,7 @@ def test_the_command_reports_from_the_rows(tmp_path):
     assert {(r["gpu"], r["num_sms"]) for r in regret} == {("nvidia_h200", "132")}
     # Rows of another grid's batches are no report.
     write_rows(tmp_path / "other.csv", rows_for(dataclasses.replace(grid.batches[0], label="uniform:2:64"),
-                                                {(64, 1, 8): 5.0}))
+                                                {(64, 1, 8, "fused"): 5.0}))
     result = CliRunner().invoke(main, ["evaluate-batches", "--grid", str(grid_path), "--batch-table", str(table_path),
                                        "--gpu", "h200", "--csv", str(tmp_path / "other.csv"), "--report-only"])
     assert result.exit_code == 2 and "has no timed rows of any batch" in result.output, result.output
@@ -210,3 +219,17 @@ def test_bad_input_is_a_clear_error(args, expected, tmp_path, assert_clear_error
     base.update(zip(args[::2], args[1::2]))
     argv = ["evaluate-batches", "--report-only", *itertools.chain.from_iterable(base.items())]
     assert_clear_error(CliRunner().invoke(main, argv), expected)
+
+
+def test_a_rule_reads_the_row_of_its_own_merge():
+    table = [table_row(knobs=(64, 4, 32, "kernel"))]
+    grid = bsw.parse_batch_grid(copy.deepcopy(GRID))
+    batch = grid.batches[0]
+    knobs = be.rule_knobs(batch, table, SMS)
+    assert knobs["selector"] == (64, 4, 32, "kernel") and knobs["fa2"][3] == "fused"
+    added = be.with_rule_plans(grid, table, SMS).batches[0].plans[len(batch.plans):]
+    assert (4, 32, 64, "kernel") in added
+    times = {knobs["auto"]: 70.0, (64, 4, 32, "fused"): 50.0, (64, 4, 32, "kernel"): 60.0}
+    first = be.regret_records(grid, rows_for(batch, times), table, SMS)[0]
+    assert first["selector_us"] == 60.0 and first["selector_regret"] == pytest.approx(0.2)
+    assert first["oracle_knobs"] == "64/4/32/fused"

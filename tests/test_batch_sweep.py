@@ -85,6 +85,14 @@ def test_the_grid_expands_to_batches_and_plan_rows():
     assert first.impls(["flashinfer_decode"])[-2:] == ["flashinfer_decode", "copy_floor"]
 
 
+def test_a_space_with_merges_times_each_point_with_each():
+    raw = copy.deepcopy(GRID)
+    raw["space"]["merge"] = ["fused", "kernel"]
+    first = bsw.parse_batch_grid(raw).batches[0]
+    assert first.plans[:2] == ((1, 4, 64, "fused"), (1, 4, 64, "kernel")) and len(first.plans) == 8
+    assert first.impls()[1:3] == ["ours_m1_s4_fused", "ours_m1_s4_kernel"]
+
+
 def test_the_space_drops_block_kvs_a_head_dim_does_not_build_and_repeats():
     grid = copy.deepcopy(GRID)
     grid["heads"].append({"dtype": "fp16", "head_dim": 256, "q_heads": 8, "kv_heads": 1, "q_len": 1})
@@ -128,7 +136,10 @@ def _changed(path, value):
     (["lengths", 1], "uniform:0:8", "lengths[1]: 'uniform:0:8': uniform: N must be at least 1"),
     (["lengths", 0], "40 x 3", "lengths[0]: expected a lengths text"),
     (["lengths", 0], 1024, "lengths[0]: expected a lengths text"),
-    (["space", "max_splits"], KeyError, "space: expected a mapping of exactly"),
+    (["space", "max_splits"], KeyError, "space: expected a mapping of ['block_kv', 'min_blocks_per_split', 'max_splits']"),
+    (["space", "merges"], ["fused"], "and optionally merge"),
+    (["space", "merge"], "fused", "space.merge: expected a non-empty list of merges"),
+    (["space", "merge"], ["fast"], "space: merge must be one of"),
     (["space", "block_kv"], [48], "space: block_kv must be one of"),
     (["space", "block_kv"], [], "space.block_kv: expected a non-empty list"),
     (["space", "max_splits"], [0], "space: max_splits must be an integer in [1, 128]"),

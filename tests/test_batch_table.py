@@ -96,6 +96,13 @@ def test_one_row_per_class_with_the_fastest_knobs():
     assert skewed["source"] == "run.csv"
 
 
+def test_a_plan_row_of_another_merge_is_a_candidate_and_its_merge_is_kept():
+    rows = SKEWED_RUN + [compare_row("ours_m4_s64_kernel", 91.0, (64, 4, 64, "kernel"))]
+    skewed = bt.build_batch_table(as_read(rows), "h200")[0]
+    assert [skewed[c] for c in bt.KNOB_COLUMNS] == [64, 4, 64, "kernel"] and skewed["n_trials"] == 5
+    assert [skewed["runner_up_" + c] for c in bt.KNOB_COLUMNS] == [64, 4, 64, "fused"]
+
+
 def test_ties_go_to_the_smaller_max_splits_then_block_kv_64_then_fewer_min_blocks():
     rows = [compare_row("ours_m4_s64", 100.0, (64, 4, 64, "fused")),
             compare_row("ours_kv32_m4_s16", 100.5, (32, 4, 16, "fused")),  # within 1%: ties

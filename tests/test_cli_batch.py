@@ -87,7 +87,8 @@ def test_default_peers_are_the_modules():
     assert tuple(default.split(",")) == compare_batch.DEFAULT_PEERS
 
 
-@pytest.mark.parametrize("value", ["4", "0:8", "4:0", "4:129", "a:b", "1:2:3", "1:2:64:1"])
+@pytest.mark.parametrize("value", ["4", "0:8", "4:0", "4:129", "a:b", "1:2:3", "1:2:64:1", "1:2:64:none",
+                                   "1:2:64:fused:1"])
 def test_bad_plan_knobs(value, assert_clear_error):
     assert_clear_error(invoke("--lengths", "4", "--plan", value), "--plan", "MIN_BLOCKS:MAX_SPLITS")
 
@@ -98,7 +99,8 @@ def test_bad_wider(value, assert_clear_error):
 
 
 @pytest.mark.parametrize("value,expected", [
-    ("64:1,2", "got 2"), ("64:1:8:4", "got 4"), ("48:1:8", "block_kv must be one of"),
+    ("64:1,2", "got 2"), ("64:1:8:fused:4", "got 5"), ("64:1:8:4", "merge must be one of"),
+    ("48:1:8", "block_kv must be one of"),
     ("64:0:8", "min_blocks_per_split must be a positive integer"), ("64:1:0,8", "max_splits must be an integer"),
     ("64,:1:8", "invalid literal"), ("a:1:8", "invalid literal"),
 ])
@@ -120,4 +122,15 @@ def test_the_plan_space_adds_the_points_not_given_by_plan(monkeypatch):
     result = invoke("--lengths", "4", "--head-dim", "256", "--plan", "2:8", "--plan-space", "64,128:1,2:8,8")
     assert result.exit_code == 0, result.output
     assert "leaving out block_kv [128], not built at head_dim 256" in result.output
-    assert asked["plans"] == [(2, 8), (1, 8, 64)]
+    assert asked["plans"] == [(2, 8, 64), (1, 8, 64)]
+
+
+def test_plans_and_a_plan_space_with_merges(monkeypatch):
+    asked = {}
+    monkeypatch.setattr(bench, "backend_problem", lambda backend: None)
+    monkeypatch.setattr(compare_batch, "run_compare_batches",
+                        lambda texts, **kw: asked.update(kw) or pd.DataFrame(columns=compare_batch.COLUMNS))
+    result = invoke("--lengths", "4", "--plan", "4:32:64:kernel", "--plan", "4:32:128:auto",
+                    "--plan-space", "64:4:32:fused,kernel")
+    assert result.exit_code == 0, result.output
+    assert asked["plans"] == [(4, 32, 64, "kernel"), (4, 32, 128), (4, 32, 64, "fused")]
