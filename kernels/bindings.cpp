@@ -223,6 +223,8 @@ CombineParams combine_params(const float* ws_o, const float* ws_m, const float* 
     c.seqlens = live->seqlens;
     c.block_kv = live->block_kv;
     c.min_blocks_per_split = live->min_blocks_per_split;
+    c.plan_choices = live->plan_choices;
+    c.ws_plan = live->ws_plan;
   }
   return c;
 }
@@ -237,7 +239,8 @@ CombineParams combine_params(const float* ws_o, const float* ws_m, const float* 
 std::pair<at::Tensor, at::Tensor> launch(py::handle q_obj, py::handle k_obj, py::handle v_obj,
                                          py::handle workspace_obj, bool causal, double softmax_scale,
                                          const LaunchArgs& a, bool return_lse, bool programmatic,
-                                         py::handle seqlens_obj, py::handle block_table_obj, int min_blocks_per_split) {
+                                         py::handle seqlens_obj, py::handle block_table_obj, int min_blocks_per_split,
+                                         int plan_choices) {
   const int num_splits = a.num_splits, block_kv = a.block_kv;
   const bool fused_merge = a.fused_merge;
   const at::Tensor q = aligned(THPVariable_Unpack(q_obj.ptr()));
@@ -273,6 +276,7 @@ std::pair<at::Tensor, at::Tensor> launch(py::handle q_obj, py::handle k_obj, py:
     p.seqlens = seqlens.data_ptr<int>();
     p.block_kv = block_kv;
     p.min_blocks_per_split = min_blocks_per_split;
+    p.plan_choices = plan_choices;
   }
   if (paged) {
     p.block_table = block_table.data_ptr<int>();
@@ -313,6 +317,7 @@ std::pair<at::Tensor, at::Tensor> launch(py::handle q_obj, py::handle k_obj, py:
   p.ws_o = reinterpret_cast<float*>(base);
   p.ws_m = reinterpret_cast<float*>(base + sections.m_offset);
   p.ws_l = reinterpret_cast<float*>(base + sections.l_offset);
+  p.ws_plan = live && num_splits > 1 ? reinterpret_cast<int*>(base + sections.plan_offset) : nullptr;
   // One zeroed buffer holds the fused merge's tile counters, then the schedule's work counters.
   const int64_t tile_count =
       fused_merge && num_splits > 1 ? rules::tile_counter_count(p.batch, p.kv_heads, p.packed_rows) : 0;
@@ -339,10 +344,10 @@ std::pair<at::Tensor, at::Tensor> launch(py::handle q_obj, py::handle k_obj, py:
 py::tuple forward(py::handle q_obj, py::handle k_obj, py::handle v_obj, py::handle workspace_obj, bool causal,
                   double softmax_scale, int num_splits, int block_kv, int reduce_threads, int split_policy,
                   bool return_lse, bool fused_merge, bool programmatic, py::handle seqlens_obj,
-                  py::handle block_table_obj, int min_blocks_per_split) {
+                  py::handle block_table_obj, int min_blocks_per_split, int plan_choices) {
   const LaunchArgs args{num_splits, block_kv, reduce_threads, split_policy, fused_merge};
   auto [out, lse] = launch(q_obj, k_obj, v_obj, workspace_obj, causal, softmax_scale, args, return_lse, programmatic,
-                           seqlens_obj, block_table_obj, min_blocks_per_split);
+                           seqlens_obj, block_table_obj, min_blocks_per_split, plan_choices);
   if (!return_lse) return py::make_tuple(out, py::none());
   return py::make_tuple(out, lse);
 }
@@ -378,7 +383,7 @@ py::object attention(py::handle q, py::handle k, py::handle v, py::handle causal
   const int with_lse = PyObject_IsTrue(return_lse.ptr());
   if (with_lse < 0) throw py::error_already_set();
   auto [out, lse] = launch(q, k, v, workspace, plan->causal, plan->softmax_scale, args, with_lse == 1,
-                           enable_pdl.ptr() == Py_True, py::none(), py::none(), 1);
+                           enable_pdl.ptr() == Py_True, py::none(), py::none(), 1, 1);
   if (!with_lse) return py::cast(out);
   return py::make_tuple(out, lse);
 }
@@ -405,6 +410,16 @@ PYBIND11_MODULE(_C, m) {
   m.def("forward", &forward, "Launch the split kernel (and the combine kernel) for checked inputs");
   m.def("read_eager_counters", &read_eager_counters, "The fused merge's eager counters of (device, stream)");
   m.def("combine", &combine, "Launch the combine kernel alone on fp32 partials");
+  m.def("live_grid", [](int device, int dtype, int head_dim, int batch, int kv_heads, int packed_rows,
+                        int block_kv, int max_splits) {
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    SplitParams p{};
+    p.batch = batch;
+    p.kv_heads = kv_heads;
+    p.packed_rows = packed_rows;
+    p.num_splits = max_splits;
+    return live_grid_ctas(p, static_cast<DType>(dtype), head_dim, rules::block_m_for(packed_rows), block_kv);
+  }, "CTAs of a paged / variable-length launch on that device (the load-aware plan's grid)");
   m.def("split_smem_bytes", [](int dtype, int head_dim, int block_m, int block_kv) {
     return split_smem_bytes(static_cast<DType>(dtype), head_dim, block_m, block_kv);
   });

@@ -10,6 +10,8 @@ namespace splitkv {
 
 template <typename Element, int kHeadDim, int kBlockM, int kBlockKV>
 void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmatic);
+template <typename Element, int kHeadDim, int kBlockM, int kBlockKV>
+int live_grid(const SplitParams& p);
 template <typename Element, int kHeadDim, int kThreads>
 void run_combine_kernel(const CombineParams& p, cudaStream_t stream, bool programmatic);
 
@@ -40,6 +42,17 @@ void run_combine(const CombineParams& p, DType dtype, int head_dim, int threads,
 #undef SPLITKV_CASE
   throw std::invalid_argument("no combine kernel for head_dim=" + std::to_string(head_dim) +
                               " reduce_threads=" + std::to_string(threads));
+}
+
+int live_grid_ctas(const SplitParams& p, DType dtype, int head_dim, int block_m, int block_kv) {
+#define SPLITKV_CASE(E, D, BM, BKV)                                                   \
+  if (dtype == dtype_of<E>() && head_dim == D && block_m == BM && block_kv == BKV) {  \
+    return live_grid<E, D, BM, BKV>(p);                                              \
+  }
+  SPLITKV_FOR_EACH_SPLIT_KERNEL(SPLITKV_CASE)
+#undef SPLITKV_CASE
+  throw std::invalid_argument("no split kernel for head_dim=" + std::to_string(head_dim) +
+                              " block_m=" + std::to_string(block_m) + " block_kv=" + std::to_string(block_kv));
 }
 
 int split_smem_bytes(DType dtype, int head_dim, int block_m, int block_kv) {

@@ -2,9 +2,11 @@
 // with the host compiler alone (no CUDA), so every install has it and CPU-only CI tests the very
 // functions the kernels run.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "splitkv/rules.h"
 
@@ -98,6 +100,27 @@ PYBIND11_MODULE(_rules, m) {
   live_defaults["capacity_items_per_sm"] = rules::kLiveCapacityItemsPerSm;
   live_defaults["min_max_splits"] = rules::kLiveMinMaxSplits;
   m.attr("LIVE_DEFAULTS") = live_defaults;
+  m.def("live_plan_choices", [](int min_blocks_per_split, int block_kv) {
+    if (min_blocks_per_split < 1 || block_kv < 1) {
+      throw py::value_error("live_plan_choices needs min_blocks_per_split, block_kv >= 1");
+    }
+    return rules::live_plan_choices(min_blocks_per_split, block_kv);
+  }, py::arg("min_blocks_per_split"), py::arg("block_kv"));
+  m.def("live_plan_min_blocks", [](const std::vector<int>& lengths, int64_t tiles, int64_t ctas, int block_kv,
+                                   int min_blocks_per_split, int max_splits, int choices) {
+    for (int n : lengths) {
+      if (n < 0 || n > rules::kMaxKeys) throw py::value_error("live_plan_min_blocks: a length outside [0, MAX_KEYS]");
+    }
+    if (lengths.empty() || tiles < 1 || ctas < 1 || block_kv < 1 || min_blocks_per_split < 1 || max_splits < 1 ||
+        choices < 1 || choices > rules::kLivePlanChoices ||
+        (int64_t(min_blocks_per_split) << (choices - 1)) > rules::kMaxKeys) {
+      throw py::value_error("live_plan_min_blocks needs lengths, tiles, ctas, block_kv, min_blocks_per_split, "
+                            "max_splits >= 1 and choices in [1, " + std::to_string(rules::kLivePlanChoices) + "]");
+    }
+    return rules::live_plan_min_blocks(lengths.data(), int(lengths.size()), tiles, ctas, block_kv,
+                                       min_blocks_per_split, max_splits, choices);
+  }, py::arg("lengths"), py::arg("tiles"), py::arg("ctas"), py::arg("block_kv"), py::arg("min_blocks_per_split"),
+        py::arg("max_splits"), py::arg("choices"));
   m.def("fused_merge_fits", &rules::fused_merge_fits, py::arg("packed_rows"), py::arg("head_dim"));
   m.def("workspace_sections", [](int num_splits, int batch, int q_heads, int q_len, int head_dim) {
     const rules::WorkspaceSections w = rules::workspace_sections(num_splits, batch, q_heads, q_len, head_dim);

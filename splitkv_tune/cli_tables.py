@@ -196,7 +196,8 @@ def _select_paged(shape: Shape, gpu, as_json: bool, lengths, page_size: int, bat
     click.echo(f"why: {why}")
     if extra:
         click.echo(f"batch table: {batch_table}")
-    click.echo(f"a sequence of {shape.kv_len} keys (the capacity) gets {choice['splits_at_capacity']} splits")
+    click.echo(f"a sequence of {shape.kv_len} keys (the capacity) gets {choice['splits_at_capacity']} splits "
+               f"at min_blocks_per_split={min_blocks}")
     click.echo(f"workspace: {choice['workspace_bytes']} bytes")
 
 

@@ -69,7 +69,9 @@ def instantiation_files() -> dict[str, str]:
         files[f"split_{dt}_hd{hd}_bm{bm}_bkv{bkv}.cu"] = (
             BANNER + '#include "splitkv/split_launch.h"\n\nnamespace splitkv {\n'
             f"template void run_split_kernel<{ELEMENT[dt]}, {hd}, {bm}, {bkv}>("
-            "const SplitParams&, cudaStream_t, bool);\n}  // namespace splitkv\n")
+            "const SplitParams&, cudaStream_t, bool);\n"
+            f"template int live_grid<{ELEMENT[dt]}, {hd}, {bm}, {bkv}>(const SplitParams&);\n"
+            "}  // namespace splitkv\n")
     for dt in tunables.DTYPES:
         for hd in tunables.HEAD_DIMS:
             lines = "".join(f"template void run_combine_kernel<{ELEMENT[dt]}, {hd}, {t}>("

@@ -12,6 +12,8 @@ timed, in one process and one run, by every implementation:
   ``flashinfer_xqa`` (decode only) and ``flashinfer_prefill`` (any Sq; not in the defaults);
 * ``sdpa_cudnn``: cuDNN SDPA on the batch padded to its longest sequence, unmasked: it reads
   ``max_len`` keys per sequence, so its output is not checked;
+* ``ours_load_aware``: ours with ``min_blocks_per_split="load_aware"``, the knob chosen per
+  launch from the lengths (``plan.plan_min_blocks``); no knob columns, as the knob is not fixed;
 * ``ours_contiguous``: ours with the same lengths in a padded contiguous cache (the paged
   path's overhead); for a batch of equal lengths also ``ours_equal_length`` (the equal-length
   call without ``cache_seqlens``, at the plan's split count and ``block_kv``) and ``ours_table``
@@ -346,8 +348,8 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
     ``(min_blocks_per_split, max_splits[, block_kv[, merge]])`` tuples (``plan_point``), each
     timed as one more row of ours (named by ``plan_row_name``). ``wider``: factors ``N``, each timed as ours behind a
     block table ``N`` times wider (``ours_wide<N>``: capacity invariance). ``layout_rows``
-    False: no ours_contiguous, ours_equal_length and ours_table rows (a sweep of the paged
-    knobs needs none of them).
+    False: no ours_load_aware, ours_contiguous, ours_equal_length and ours_table rows (a sweep
+    of the paged knobs needs none of them).
     """
     check_peers(peers)
     if label is None:
@@ -389,6 +391,8 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
                       _memory_problem(2 * len(sets) * pages * page_bytes, device, f"the {mult}x wider pools"),
                       auto_knobs))
     if layout_rows:
+        impls.append(("ours_load_aware", lambda: _ours(sets, min_blocks_per_split="load_aware"),
+                      "min_blocks_per_split='load_aware': chosen per launch from the lengths", None, {}))
         # Every set is padded into a contiguous cache of its own.
         contiguous = _memory_problem(len(sets) * _padded_bytes(shape), device, "the padded contiguous caches")
         impls.append(("ours_contiguous", lambda: _ours_contiguous(sets),

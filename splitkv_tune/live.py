@@ -8,7 +8,12 @@ cache's capacity. The knobs are fixed per call signature (and so at capture):
 
 * ``block_kv`` (keys per pipeline tile): ``"auto"`` is :data:`DEFAULT_BLOCK_KV`.
 * ``min_blocks_per_split``: a sequence gets one split per this many blocks of ``block_kv``
-  keys; ``"auto"`` is :func:`default_min_keys_per_split`'s keys' worth.
+  keys; ``"auto"`` is :func:`default_min_keys_per_split`'s keys' worth. ``"load_aware"`` lets
+  each launch choose it from the live lengths (the load-aware plan,
+  :func:`splitkv_tune.plan.plan_min_blocks`): that default times 1, 2, 4, ..., whichever the
+  plan's estimate of the schedule finishes first. It wins on batches of similar lengths (16 x
+  8K: 7% faster, 4 x 32K: 16%) and costs every launch about 2 µs, so it is not the default; a
+  sequence's bits then depend on the other lengths.
 * ``max_splits``: the bound on any sequence's splits, which sizes the workspace (the grid is
   persistent, ``tile_scheduler.h``); ``"auto"`` is :func:`default_max_splits` (enough splits
   for one sequence to fill the GPU twice over, fewer in a large batch).
@@ -86,7 +91,9 @@ def explain_knobs(batch: int, head_dim: int, kv_heads: int, packed_rows: int, nu
             f"within [{low}, {high}]; max_splits {bound}: {WAVES_PER_SEQUENCE} waves for one sequence give "
             f"{one_sequence}, at most {CAPACITY_ITEMS_PER_SM} work items per SM {capacity_cap} (at least "
             f"{floor}: {MIN_MAX_SPLITS} or a power of two within half a wave of one sequence), at most "
-            f"{tunables.MAX_SPLITS}")
+            f"{tunables.MAX_SPLITS}; with min_blocks_per_split='load_aware' each launch chooses it among "
+            f"{', '.join(str(min_blocks << j) for j in range(_rules.live_plan_choices(min_blocks, bkv)))} "
+            f"from the live lengths")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -107,8 +114,11 @@ def resolve_knobs(batch: int, head_dim: int, kv_heads: int, packed_rows: int, nu
     allowed = tunables.BLOCK_KV_BY_HEAD_DIM[head_dim]
     if isinstance(block_kv, bool) or block_kv not in allowed:
         raise ValueError(f"block_kv must be one of {allowed} at head_dim {head_dim}, got {block_kv!r}")
-    if min_blocks_per_split == "auto":
+    if min_blocks_per_split in ("auto", "load_aware"):
         min_blocks_per_split = max(1, default_min_keys_per_split(batch, kv_heads, packed_rows, num_sms) // block_kv)
+    elif isinstance(min_blocks_per_split, str):
+        raise ValueError(f"min_blocks_per_split must be a positive integer, 'auto' or 'load_aware', "
+                         f"got {min_blocks_per_split!r}")
     if max_splits == "auto":
         max_splits = default_max_splits(batch, kv_heads, packed_rows, num_sms)
     plan.check_plan_knobs(block_kv, min_blocks_per_split, max_splits)
@@ -137,27 +147,42 @@ def workspace_size(q: torch.Tensor, max_splits: int) -> int:
     return _rules.workspace_sections(max_splits, batch, q_heads, q_len, head_dim)[2]
 
 
+def launch_grid(q: torch.Tensor, kv_heads: int, block_kv: int, max_splits: int) -> int:
+    """CTAs of a paged / variable-length launch of q's shape with these knobs on q's device:
+    the persistent grid (as many CTAs as the GPU holds at once, fewer when the batch's work
+    items are fewer), among which the load-aware plan divides the batch
+    (``reference.splitkv_attention_ref(..., plan_ctas=...)``)."""
+    from splitkv_tune.ops import _DTYPES, _extension
+
+    batch, q_len, q_heads, head_dim = (int(x) for x in q.shape)
+    plan.check_max_splits(max_splits)
+    return _extension().live_grid(q.device.index, _rules.DTYPE_CODES[_DTYPES[q.dtype]], head_dim, batch, kv_heads,
+                                  q_len * (q_heads // kv_heads), block_kv, max_splits)
+
+
 @torch.compiler.assume_constant_result
 def _launch_knobs(device_index: int, dtype: str, batch: int, head_dim: int, kv_heads: int, q_len: int, group: int,
                   capacity: int, block_kv, min_blocks_per_split, max_splits, uniform: bool,
-                  merge: str) -> tuple[int, int, int, bool]:
+                  merge: str) -> tuple[int, int, int, bool, int]:
     # The call's signature alone decides these (evaluated once at trace time under torch.compile):
-    # (block_kv, min_blocks_per_split, launch splits, fused merge).
+    # (block_kv, min_blocks_per_split, launch splits, fused merge, the plan's choices).
     from splitkv_tune.ops import _device_info, resolve_merge
 
     bkv, min_blocks, bound = resolve_knobs(batch, head_dim, kv_heads, q_len * group, _device_info(device_index)[1],
                                            block_kv, min_blocks_per_split, max_splits)
     splits = _rules.live_splits(capacity, bkv, min_blocks, bound) if uniform else bound
+    choices = _rules.live_plan_choices(min_blocks, bkv) if min_blocks_per_split == "load_aware" and not uniform else 1
     shape = Shape(dtype, head_dim, 1, kv_heads * group, kv_heads, q_len, capacity)
-    return bkv, min_blocks, splits, resolve_merge(shape, Config(num_splits=splits), merge) == "fused"
+    return bkv, min_blocks, splits, resolve_merge(shape, Config(num_splits=splits), merge) == "fused", choices
 
 
 def launch_args(q, k, v, *, cache_seqlens, block_table, causal, block_kv, min_blocks_per_split, max_splits,
                 num_splits, split_policy, reduce_threads, merge, check_inputs) -> tuple:
     """Checks one paged / variable-length call (see ``splitkv_attention``) and returns the launch
     arguments after ``softmax_scale``: ``(splits, block_kv, reduce_threads, policy code, fused,
-    cache_seqlens, block_table, min_blocks_per_split)``. Without ``cache_seqlens`` every sequence
-    holds the cache's whole capacity: one split count for the batch, from the plan."""
+    cache_seqlens, block_table, min_blocks_per_split, plan choices)``. Without ``cache_seqlens``
+    every sequence holds the cache's whole capacity: one split count for the batch, from the
+    plan, and the knob as resolved."""
     from splitkv_tune.ops import _DTYPES
 
     kv_heads, group = check_qkv(q, k, v)
@@ -173,7 +198,7 @@ def launch_args(q, k, v, *, cache_seqlens, block_table, causal, block_kv, min_bl
     q_len, head_dim = int(q.shape[1]), int(q.shape[3])
     knobs = {"block_kv": block_kv, "min_blocks_per_split": min_blocks_per_split, "max_splits": max_splits}
     block_kv, min_blocks_per_split, max_splits = (tunables.integer_or_auto(n, v) for n, v in knobs.items())
-    bkv, min_blocks, splits, fused = _launch_knobs(q.device.index, _DTYPES[q.dtype], int(q.shape[0]), head_dim,
+    bkv, min_blocks, splits, fused, choices = _launch_knobs(q.device.index, _DTYPES[q.dtype], int(q.shape[0]), head_dim,
                                                    kv_heads, q_len, group, capacity, block_kv, min_blocks_per_split,
                                                    max_splits, cache_seqlens is None, merge)
     threads = 128 if reduce_threads == "auto" else reduce_threads
@@ -182,4 +207,4 @@ def launch_args(q, k, v, *, cache_seqlens, block_table, causal, block_kv, min_bl
         plan.check_live_values(k, cache_seqlens, block_table, capacity)
     policy = tunables.policy_codes()["blocks"]
     return (splits, bkv, threads, policy, fused, cache_seqlens, block_table,
-            1 if cache_seqlens is None else min_blocks)
+            1 if cache_seqlens is None else min_blocks, choices)

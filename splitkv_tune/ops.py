@@ -238,10 +238,11 @@ def _attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     workspace: torch.Tensor | None, causal: bool, softmax_scale: float, num_splits: int,
                     block_kv: int, reduce_threads: int, split_policy: int, return_lse: bool,
                     fused_merge: bool, pdl: bool, cache_seqlens: torch.Tensor | None,
-                    block_table: torch.Tensor | None, min_blocks_per_split: int) -> tuple[torch.Tensor, torch.Tensor]:
+                    block_table: torch.Tensor | None, min_blocks_per_split: int,
+                    plan_choices: int) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = _extension().forward(q, k, v, workspace, causal, softmax_scale, num_splits, block_kv,
                                     reduce_threads, split_policy, return_lse, fused_merge, pdl, cache_seqlens,
-                                    block_table, min_blocks_per_split)
+                                    block_table, min_blocks_per_split, plan_choices)
     return out, lse if return_lse else q.new_empty((0,), dtype=torch.float32)
 
 
@@ -252,7 +253,7 @@ _attention_op = torch.library.custom_op("splitkv::attention", mutates_args=("wor
 
 @_attention_op.register_fake
 def _(q, k, v, workspace, causal, softmax_scale, num_splits, block_kv, reduce_threads,
-      split_policy, return_lse, fused_merge, pdl, cache_seqlens, block_table, min_blocks_per_split):
+      split_policy, return_lse, fused_merge, pdl, cache_seqlens, block_table, min_blocks_per_split, plan_choices):
     batch, q_len, q_heads, _ = q.shape
     lse_shape = (batch, q_heads, q_len) if return_lse else (0,)
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
@@ -270,7 +271,7 @@ def _traced_call(q, k, v, causal, softmax_scale, tunables_given: dict, merge, wo
         fields, q.device.index, *(tunables_given[t] for t in _TUNABLES), merge)
     _check_workspace(q, workspace)
     return _attention_op(q, k, v, workspace, bool(causal), scale, splits, bkv, threads, policy,
-                         bool(return_lse), fused, enable_pdl, None, None, 1)
+                         bool(return_lse), fused, enable_pdl, None, None, 1, 1)
 
 
 def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="auto",
@@ -303,10 +304,13 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
     (``live_splits(len, block_kv, min_blocks_per_split, max_splits)``; see
     :mod:`splitkv_tune.live` for the ``"auto"`` knobs), so a captured graph replays any mix
     of lengths; ``num_splits`` and ``split_policy`` do not apply. ``max_splits`` sizes the
-    workspace (``live.workspace_size(q, max_splits)``). A sequence's output bits depend only
-    on its own q, keys, length and the knobs, never on the other sequences' lengths or the
-    table's width; the ``"auto"`` knobs follow the batch size B (fixed in a captured graph),
-    so pass them explicitly for bits that do not change with B either. ``check_inputs``
+    workspace (``live.workspace_size(q, max_splits)``). With
+    ``min_blocks_per_split="load_aware"`` each launch chooses that knob from all the live
+    lengths (the load-aware plan, ``plan.plan_min_blocks``), and a sequence's bits depend on
+    the batch. Otherwise a sequence's output bits depend only on its own q, keys, length and
+    the knobs, never on the other sequences' lengths or the table's width; the ``"auto"`` knobs
+    follow the batch size B (fixed in a captured graph), so pass them explicitly for bits that
+    do not change with B either. ``check_inputs``
     (default True): read the lengths and the table to the host and raise ``ValueError`` for
     a length above the capacity or a live page outside the pool;
     skipped under CUDA-graph capture and ``torch.compile``, and when False (then a wrong table
@@ -337,13 +341,13 @@ def _live_call(q, k, v, cache_seqlens, block_table, causal, softmax_scale, num_s
                             merge=merge, check_inputs=check_inputs)
     scale = _check_scalars(softmax_scale, merge, enable_pdl, int(q.shape[3]))
     _check_workspace(q, workspace)
-    splits, bkv, threads, policy, fused, seqlens, table, min_blocks = args
+    splits, bkv, threads, policy, fused, seqlens, table, min_blocks, choices = args
     if torch.compiler.is_compiling():
         out, lse = _attention_op(q, k, v, workspace, bool(causal), scale, splits, bkv, threads, policy,
-                                 bool(return_lse), fused, enable_pdl, seqlens, table, min_blocks)
+                                 bool(return_lse), fused, enable_pdl, seqlens, table, min_blocks, choices)
     else:
         out, lse = _extension().forward(q, k, v, workspace, bool(causal), scale, splits, bkv, threads, policy,
-                                        bool(return_lse), fused, enable_pdl, seqlens, table, min_blocks)
+                                        bool(return_lse), fused, enable_pdl, seqlens, table, min_blocks, choices)
     return (out, lse) if return_lse else out
 
 

@@ -8,7 +8,9 @@ min_blocks_per_split, max_splits)`` splits, and split ``s`` of them covers the k
 ``split_range(s, S_b, len_b, tile_kv_end, block_kv, "blocks")``, with causal masks aligned to
 the sequence's own end. Neither the cache's capacity nor the block table's width nor the other
 sequences enter, so a sequence's output bits depend only on its own q, keys and length and the
-knobs (``block_kv``, ``min_blocks_per_split``, ``max_splits``).
+knobs (``block_kv``, ``min_blocks_per_split``, ``max_splits``). When the call's
+``min_blocks_per_split`` is ``"load_aware"``, the launch first chooses that knob from all the
+lengths (:func:`plan_min_blocks`, the load-aware plan): the bits then depend on the batch too.
 
 Layouts: contiguous ``k``/``v`` ``(B, Sk_capacity, Hkv, D)``; paged pools
 ``(num_pages, page_size, Hkv, D)`` (NHD, as vLLM and FlashInfer store them).
@@ -154,6 +156,31 @@ def live_splits(live_len: int, block_kv: int, min_blocks_per_split: int, max_spl
     [1, 1, 1, 2, 16]
     """
     return _rules.live_splits(live_len, block_kv, min_blocks_per_split, max_splits)
+
+
+def plan_min_blocks(lengths, *, kv_heads: int, packed_rows: int, ctas: int, block_kv: int,
+                    min_blocks_per_split: int, max_splits: int) -> int:
+    """The load-aware plan's knob (rules.h ``live_plan_min_blocks``): what a launch of ``ctas``
+    CTAs whose ``min_blocks_per_split`` is ``"load_aware"`` (its base resolved to
+    ``min_blocks_per_split``, as ``"auto"`` resolves) uses for these live lengths: that knob times 1, 2, 4, ... (``_rules.live_plan_choices``),
+    the one whose schedule finishes first by the rule's estimate, and the knob itself unless
+    another gains 5%. Splits of about one item per CTA for a batch of equal lengths, finer ones
+    where a few long sequences leave CTAs to fill.
+
+    >>> [plan_min_blocks(lengths, kv_heads=8, packed_rows=4, ctas=264, block_kv=64,
+    ...                  min_blocks_per_split=16, max_splits=33)
+    ...  for lengths in ([8192] * 16, [65536] + [1024] * 15)]
+    [64, 16]
+    """
+    if not lengths:
+        raise ValueError("lengths must name at least one sequence")
+    check_plan_knobs(block_kv, min_blocks_per_split, max_splits)
+    if not isinstance(ctas, int) or isinstance(ctas, bool) or ctas < 1:
+        raise ValueError(f"ctas must be a positive integer, got {ctas!r}")
+    tiles = kv_heads * _rules.num_m_blocks(packed_rows)
+    choices = _rules.live_plan_choices(min_blocks_per_split, block_kv)
+    return _rules.live_plan_min_blocks(list(lengths), tiles, ctas, block_kv, min_blocks_per_split, max_splits,
+                                       choices)
 
 
 def split_counts(batch: LiveBatch, block_kv: int, min_blocks_per_split: int, max_splits: int) -> list[int]:

@@ -233,7 +233,7 @@ def combine_partials_ref(o_part, m, l):
 def splitkv_attention_ref(q, k, v, *, causal=False, softmax_scale=None, num_splits=1,
                           block_kv=64, split_policy="blocks", return_lse=False,
                           cache_seqlens=None, block_table=None, max_splits=tunables.MAX_SPLITS,
-                          min_blocks_per_split=1):
+                          min_blocks_per_split=1, plan_ctas=None):
     """Split-KV attention in PyTorch: :func:`splitkv_partials_ref` + :func:`combine_partials_ref`.
 
     Same signature and layouts as ``splitkv_tune.ops.splitkv_attention``: returns ``out``
@@ -257,11 +257,16 @@ def splitkv_attention_ref(q, k, v, *, causal=False, softmax_scale=None, num_spli
     the batch is split per sequence by :mod:`splitkv_tune.plan` (``max_splits`` and
     ``min_blocks_per_split`` are its knobs; ``num_splits`` must stay 1), causal masks are
     aligned to each sequence's own end, and a sequence of length 0 gets ``out = 0`` and
-    ``lse = -inf``.
+    ``lse = -inf``. ``plan_ctas``: apply the load-aware plan of a launch of that many CTAs
+    (``live.launch_grid``), as the kernel does when its ``min_blocks_per_split`` is
+    ``"load_aware"``: ``min_blocks_per_split`` is then the base it chooses from
+    (``plan.plan_min_blocks``); None uses the knob as given.
     """
     if cache_seqlens is not None or block_table is not None:
         return _live_batch_ref(q, k, v, causal, softmax_scale, num_splits, block_kv, return_lse,
-                               cache_seqlens, block_table, max_splits, min_blocks_per_split)
+                               cache_seqlens, block_table, max_splits, min_blocks_per_split, plan_ctas)
+    if plan_ctas is not None:
+        raise ValueError("plan_ctas applies to paged or variable-length batches (cache_seqlens or block_table)")
     tunables.Config(num_splits=num_splits, block_kv=block_kv,
                     split_policy=split_policy).validate()
     hkv, group = _check_qkv(q, k, v)
@@ -280,7 +285,7 @@ def splitkv_attention_ref(q, k, v, *, causal=False, softmax_scale=None, num_spli
 
 
 def _live_batch_ref(q, k, v, causal, softmax_scale, num_splits, block_kv, return_lse, cache_seqlens,
-                    block_table, max_splits, min_blocks_per_split):
+                    block_table, max_splits, min_blocks_per_split, plan_ctas):
     """:func:`splitkv_attention_ref` of a paged or variable-length batch, one sequence at a time
     with the split count :mod:`splitkv_tune.plan` gives it."""
     from splitkv_tune import plan
@@ -292,8 +297,15 @@ def _live_batch_ref(q, k, v, causal, softmax_scale, num_splits, block_kv, return
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     plan.check_plan_knobs(block_kv, min_blocks_per_split, max_splits)
     batch = plan.check_live_batch(q, k, cache_seqlens, block_table)
-    counts = plan.split_counts(batch, block_kv, min_blocks_per_split, max_splits)
     _, q_len, q_heads, _ = q.shape
+    if plan_ctas is not None:
+        if not isinstance(plan_ctas, int) or isinstance(plan_ctas, bool) or plan_ctas < 1:
+            raise ValueError(f"plan_ctas must be a positive integer (the launch's CTAs), got {plan_ctas!r}")
+        min_blocks_per_split = plan.plan_min_blocks(batch.lengths, kv_heads=k.shape[2],
+                                                    packed_rows=q_len * (q_heads // k.shape[2]), ctas=plan_ctas,
+                                                    block_kv=block_kv, min_blocks_per_split=min_blocks_per_split,
+                                                    max_splits=max_splits)
+    counts = plan.split_counts(batch, block_kv, min_blocks_per_split, max_splits)
     lse_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     outs, lses = [], []
     for b, (live_len, splits) in enumerate(zip(batch.lengths, counts)):

@@ -2,6 +2,7 @@
 in for by the reference, so the rows, skips, checks and the report are tested without a GPU."""
 import math
 
+import pandas as pd
 import pytest
 import torch
 
@@ -51,7 +52,7 @@ def _by_impl(frame):
 def test_every_implementation_gets_a_row(calls):
     frame = cb.run_compare_batch("40,7x3", peers=cb.PEERS, one_split=4, **DIMS)
     rows = _by_impl(frame)
-    assert list(rows) == ["ours", "ours_one_split", "ours_contiguous", *cb.PEERS, "copy_floor"]
+    assert list(rows) == ["ours", "ours_one_split", "ours_load_aware", "ours_contiguous", *cb.PEERS, "copy_floor"]
     assert set(frame["label"]) == {"40,7x3"}
     assert frame["batch"].eq(4).all() and frame["max_len"].eq(40).all()
     assert frame["total_len"].eq(61).all()
@@ -157,10 +158,19 @@ def test_batches_share_one_copy_bandwidth_and_the_report(calls, monkeypatch):
     assert "| copy_floor |" in report and "1.00x" in report
 
 
+def test_the_load_aware_row_leaves_the_knob_to_the_launch(calls):
+    frame = cb.run_compare_batch("40,7x3", peers=(), one_split=4, **DIMS)
+    row = _by_impl(frame)["ours_load_aware"]
+    assert row["status"] == "ok" and row["check"].startswith("ok")
+    assert {"min_blocks_per_split": "load_aware", "check_inputs": False} in calls
+    assert all(pd.isna(row[c]) for c in cb.KNOB_COLUMNS)
+
+
 def test_wider_tables_get_one_row_each(calls):
     frame = cb.run_compare_batch("40,7x3", peers=(), one_split=4, wider=[8, 2], **DIMS)
     rows = _by_impl(frame)
-    assert list(rows) == ["ours", "ours_one_split", "ours_wide8", "ours_wide2", "ours_contiguous", "copy_floor"]
+    assert list(rows) == ["ours", "ours_one_split", "ours_wide8", "ours_wide2", "ours_load_aware", "ours_contiguous",
+                          "copy_floor"]
     assert rows["ours_wide8"]["status"] == "ok" and rows["ours_wide8"]["check"].startswith("ok")
     assert rows["ours_wide8"]["note"] == "block table 8x wider, pools padded to its width"
 
@@ -169,7 +179,7 @@ def test_plan_knobs_get_one_row_each(calls):
     frame = cb.run_compare_batch("40,7x3", peers=(), one_split=4, plans=[(2, 8), (16, 1), (4, 8, 128)], **DIMS)
     rows = _by_impl(frame)
     assert list(rows) == ["ours", "ours_one_split", "ours_m2_s8", "ours_m16_s1", "ours_kv128_m4_s8",
-                          "ours_contiguous", "copy_floor"]
+                          "ours_load_aware", "ours_contiguous", "copy_floor"]
     assert rows["ours_m2_s8"]["note"] == "block_kv=64, min_blocks_per_split=2, max_splits=8"
     assert rows["ours_kv128_m4_s8"]["note"] == "block_kv=128, min_blocks_per_split=4, max_splits=8"
     assert rows["ours_m16_s1"]["status"] == "ok"

@@ -177,6 +177,32 @@ def test_capacity_and_batch_do_not_change_a_sequences_bits(ops, cuda_gen):
             f"neighbours {neighbours} changed the sequence's output"
 
 
+@pytest.mark.parametrize("lengths,merge,want_coarser", [
+    ([8192] * 16, "fused", True),                 # equal lengths: about one item per CTA
+    ([32768] * 4, "kernel", True),                # the combine kernel reads the launch's choice
+    ([65536] + [1024] * 15, "kernel", False),     # a long sequence and short ones: the knob itself
+    ([3000, 0, 1, 130_000, 64, 70_000], "fused", None),
+], ids=["16x8K", "4x32K", "64K+15x1K", "mixed"])
+def test_load_aware_plan_is_the_hosts(ops, cuda_gen, lengths, merge, want_coarser):
+    """With min_blocks_per_split "load_aware" the launch chooses the knob on the device; the host's
+    rule (plan.plan_min_blocks for the launch's grid) names the same knob: the explicit call
+    with it gives the same bits."""
+    q, k, v, table, keys = _batch(cuda_gen, lengths, page_size=64)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    bkv, knob, bound = live.resolve_knobs(len(lengths), 128, 8, 4, sms)
+    ctas = live.launch_grid(q, 8, bkv, bound)
+    chosen = plan.plan_min_blocks(lengths, kv_heads=8, packed_rows=4, ctas=ctas, block_kv=bkv,
+                                  min_blocks_per_split=knob, max_splits=bound)
+    if want_coarser is not None:
+        assert (chosen > knob) == want_coarser, f"chose {chosen} from {knob} on {ctas} CTAs"
+    out, lse = _run(ops, q, k, v, table, lengths, merge=merge, min_blocks_per_split="load_aware",
+                    workspace=nan_workspace(live.workspace_size(q, bound)))
+    fixed = _run(ops, q, k, v, table, lengths, merge=merge, block_kv=bkv, min_blocks_per_split=chosen,
+                 max_splits=bound)
+    assert torch.equal(out, fixed[0]) and torch.equal(lse, fixed[1]), "the device chose another knob"
+    _check(q, out, lse, keys, lengths, False)
+
+
 def test_graph_replays_any_length_mix(ops, cuda_gen):
     """Captured once with every length 1, replayed with 200 random mixes up to 64K: bit for bit
     the eager call's output each time."""

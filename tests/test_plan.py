@@ -139,6 +139,8 @@ def _bad_calls():
         "min_blocks_per_split"
     yield "num_splits", dict(cache_seqlens=lens, block_table=table, num_splits=4), "num_splits"
     yield "page size", dict(cache_seqlens=lens, block_table=table, k=torch.zeros(8, 24, 1, 64)), "page size"
+    yield "plan_ctas", dict(cache_seqlens=lens, block_table=table, plan_ctas=0), "plan_ctas"
+    yield "plan_ctas type", dict(cache_seqlens=lens, block_table=table, plan_ctas=2.5), "plan_ctas"
 
 
 @pytest.mark.parametrize("kwargs,pattern", [pytest.param(kw, p, id=name) for name, kw, p in _bad_calls()])
@@ -173,3 +175,51 @@ def test_capacity_past_the_int32_block_arithmetic_is_refused():
     table = torch.zeros(1, pages, dtype=torch.int32)
     with pytest.raises(ValueError, match="capacity per sequence must be at most 2147483392"):
         plan.check_live_args(torch.zeros(1, 1, 1, 64), pool, None, table)
+
+
+def _plan(lengths, knob=16, ctas=264, kv_heads=8, max_splits=33):
+    return plan.plan_min_blocks(lengths, kv_heads=kv_heads, packed_rows=4, ctas=ctas, block_kv=64,
+                                min_blocks_per_split=knob, max_splits=max_splits)
+
+
+def test_load_aware_plan_chooses_among_the_knobs_multiples():
+    """The choice is the knob times a power of two, at most kLivePlanChoices of them and splits
+    of at most 4096 keys; the order of the batch does not matter; one item per CTA for equal
+    lengths that fill the grid, the knob itself where a long sequence needs the short ones'
+    fine splits to fill the CTAs beside it."""
+    rng = random.Random(4)
+    for _ in range(400):
+        lengths = [rng.choice([0, 1, rng.randrange(1, 5000), rng.randrange(1, 300_000)])
+                   for _ in range(rng.randint(1, 40))]
+        knob = rng.choice([1, 2, 4, 8, 16, 64])
+        ctas, max_splits = rng.randint(1, 528), rng.randint(1, tunables.MAX_SPLITS)
+        chosen = _plan(lengths, knob, ctas, rng.choice([1, 8]), max_splits)
+        choices = _rules.live_plan_choices(knob, 64)
+        assert chosen in [knob << j for j in range(choices)]
+        assert chosen == knob or chosen * 64 <= 4096
+        assert _plan(rng.sample(lengths, len(lengths)), knob, ctas, 8, max_splits) == \
+            _plan(lengths, knob, ctas, 8, max_splits)
+    assert _plan([8192] * 16) == 64                   # 256 items of 4096 keys on 264 CTAs
+    assert _plan([2048] * 64) == 32                   # whole sequences
+    assert _plan([65536] + [1024] * 15) == 16
+    assert _plan([4096], knob=4) == 4                 # 8 heads of one short sequence: fine splits
+    assert _plan([8192] * 16, ctas=1056) == 16        # four times the CTAs: finer splits fill them
+
+
+def test_the_plan_knob_as_given_without_ctas(gen):
+    """The reference applies the load-aware plan only when given the launch's CTAs; with them
+    its output is the explicit call's at the chosen knob, bit for bit."""
+    lengths = [8192, 8192, 8192, 8192]
+    q = torch.randn(4, 1, 8, 64, generator=gen)
+    k = torch.randn(4, 8192, 2, 64, generator=gen)
+    v = torch.randn(4, 8192, 2, 64, generator=gen)
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    chosen = plan.plan_min_blocks(lengths, kv_heads=2, packed_rows=4, ctas=32, block_kv=64,
+                                  min_blocks_per_split=1, max_splits=32)
+    assert chosen > 1
+    planned = splitkv_attention_ref(q, k, v, cache_seqlens=lens, max_splits=32, plan_ctas=32, return_lse=True)
+    fixed = splitkv_attention_ref(q, k, v, cache_seqlens=lens, max_splits=32, min_blocks_per_split=chosen,
+                                  return_lse=True)
+    given = splitkv_attention_ref(q, k, v, cache_seqlens=lens, max_splits=32, return_lse=True)
+    assert all(torch.equal(a, b) for a, b in zip(planned, fixed))
+    assert not torch.equal(planned[0], given[0])

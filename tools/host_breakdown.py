@@ -47,9 +47,9 @@ def main():
                 "_C.attention tuned": lambda: ext.attention(q, k, v, False, None, 16, 64, 128, "blocks", "auto",
                                                             None, False, True),
                 "_C.forward resolved": lambda: ext.forward(q, k, v, None, False, plan.scale, *args[:4], False,
-                                                           args[4], True, None, None, 1),
+                                                           args[4], True, None, None, 1, 1),
                 "_C.forward resolved no PDL": lambda: ext.forward(q, k, v, None, False, plan.scale, *args[:4], False,
-                                                                  args[4], False, None, None, 1),
+                                                                  args[4], False, None, None, 1, 1),
                 "torch.empty_like(q)": lambda: torch.empty_like(q),
                 "sdpa (default backend)": lambda: torch.nn.functional.scaled_dot_product_attention(
                     q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True),

@@ -29,7 +29,8 @@ __global__ void __launch_bounds__(Traits::kThreads) combine_kernel(const __grid_
   int row_splits = p.num_splits;
   if (p.seqlens != nullptr) {
     const int b = int(bh / p.kv_heads);
-    row_splits = rules::live_splits(__ldg(p.seqlens + b), p.block_kv, p.min_blocks_per_split, p.num_splits);
+    const int min_blocks = p.plan_choices > 1 ? *p.ws_plan : p.min_blocks_per_split;
+    row_splits = rules::live_splits(__ldg(p.seqlens + b), p.block_kv, min_blocks, p.num_splits);
     if (row_splits == 1) row_splits = 0;
   }
   // Every lane folds (fold_partials shuffles across the warp) as many rounds as the warp's

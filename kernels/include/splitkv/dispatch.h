@@ -14,6 +14,9 @@ void run_split(const SplitParams& p, DType dtype, int head_dim, int block_m, int
                bool programmatic);
 void run_combine(const CombineParams& p, DType dtype, int head_dim, int threads, cudaStream_t stream,
                  bool programmatic);
+// CTAs of the paged / variable-length launch of p (batch, kv_heads, packed_rows, num_splits) on
+// the current device.
+int live_grid_ctas(const SplitParams& p, DType dtype, int head_dim, int block_m, int block_kv);
 // Shared memory of one split-kernel CTA; -1 when that combination is not instantiated.
 int split_smem_bytes(DType dtype, int head_dim, int block_m, int block_kv);
 

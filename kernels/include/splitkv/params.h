@@ -9,7 +9,8 @@
 //   Merge: m = max m_s; l = sum exp(m_s - m) l_s; O = sum exp(m_s - m) O_s / l; lse = m + log(l).
 //   Splits with l_s == 0 are skipped; a row with no key writes O = 0 and lse = -inf.
 //   Packed rows: r = q_idx * G + g is query q_idx of query head h_kv * G + g (G = Hq / Hkv).
-//   Workspace (fp32, sections 128-byte aligned): O[S][B][Hkv][Sq*G][D], m[S][B][Hkv][Sq*G], l[same].
+//   Workspace (fp32, sections 128-byte aligned): O[S][B][Hkv][Sq*G][D], m[S][B][Hkv][Sq*G], l[same],
+//   then one int32, the plan's knob (below).
 //   With num_splits == 1 the split kernel writes the final O (and lse) itself.
 //   Fused merge (tile_counters != null): after writing its partial, each split CTA increments
 //   tile_counters[(b * kv_heads + h_kv) * num_m_blocks + m_block] modulo num_splits; the CTA
@@ -17,8 +18,11 @@
 //   lse. The increment wraps to 0 there, so counters zeroed once when allocated are zero again
 //   after every launch.
 // Paged / variable-length batches (seqlens != null): sequence b has seqlens[b] live keys and
-//   its own split count S_b = rules::live_splits(seqlens[b], block_kv, min_blocks_per_split,
-//   num_splits) (num_splits is then the bound that sizes the workspace), with kBlocks ranges
+//   its own split count S_b = rules::live_splits(seqlens[b], block_kv, M, num_splits) (num_splits
+//   is then the bound that sizes the workspace), where M = rules::live_plan_min_blocks(seqlens,
+//   batch, kv_heads * num_m_blocks, the grid's CTAs, block_kv, min_blocks_per_split, num_splits,
+//   plan_choices): min_blocks_per_split itself when plan_choices is 1, otherwise the load-aware
+//   choice, which CTA 0 also stores in the workspace's plan slot for the combine kernel. Ranges are kBlocks
 //   over its live keys and causal masks aligned to its own end. Everything above holds per
 //   sequence with S_b for num_splits: a sequence with S_b == 1 gets its final O from the split
 //   kernel, and the merges fold S_b partials. The grid is persistent (rules::live_grid CTAs,
@@ -66,6 +70,8 @@ struct SplitParams {
   int page_shift;                       // log2(page_size)
   int block_kv;                         // with seqlens: the plan's block size (the kernel's kBlockKV)
   int min_blocks_per_split;             // with seqlens: the plan's knob (rules::live_splits)
+  int plan_choices;                     // with seqlens: 1, or the load-aware plan's choices (rules.h)
+  int* __restrict__ ws_plan;            // with seqlens and num_splits > 1: the workspace's plan slot
 };
 
 struct CombineParams {
@@ -80,7 +86,8 @@ struct CombineParams {
   // Paged / variable-length batches, as in SplitParams: sequence b has S_b partials, and rows of
   // sequences with S_b == 1 were written by the split kernel.
   const int* __restrict__ seqlens;
-  int block_kv, min_blocks_per_split;
+  int block_kv, min_blocks_per_split, plan_choices;
+  const int* __restrict__ ws_plan;  // the split kernel's choice of min_blocks_per_split when plan_choices > 1
 };
 
 }  // namespace splitkv

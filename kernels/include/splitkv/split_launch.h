@@ -32,6 +32,18 @@ int live_static_smem_bytes() {
   return int(attributes.sharedSizeBytes);
 }
 
+// CTAs of a paged / variable-length launch on the current device (rules::live_grid): the
+// persistent grid that the load-aware plan divides the batch's work among.
+template <typename Element, int kHeadDim, int kBlockM, int kBlockKV>
+int live_grid(const SplitParams& p) {
+  using Traits = SplitKernelTraits<kHeadDim, kBlockM, kBlockKV, Element>;
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  const int smem = Traits::kSmemBytes + rules::live_schedule_bytes(p.batch);
+  const int64_t capacity = rules::live_work_capacity(p.batch, p.kv_heads, p.packed_rows, p.num_splits);
+  return int(rules::live_grid(capacity, sm_count(device), live_ctas_per_sm<Traits>(device, smem)));
+}
+
 template <typename Element, int kHeadDim, int kBlockM, int kBlockKV>
 void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmatic) {
   using Traits = SplitKernelTraits<kHeadDim, kBlockM, kBlockKV, Element>;
@@ -63,12 +75,8 @@ void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmat
       if (limit != nullptr) *limit = smem;
     }
   }
-  dim3 grid(p.num_m_blocks, p.batch * p.kv_heads, p.num_splits);
-  if (live) {
-    const int64_t capacity = rules::live_work_capacity(p.batch, p.kv_heads, p.packed_rows, p.num_splits);
-    grid = dim3(unsigned(rules::live_grid(capacity, sm_count(device),
-                                          live_ctas_per_sm<Traits>(device, smem))));
-  }
+  const dim3 grid = live ? dim3(unsigned(live_grid<Element, kHeadDim, kBlockM, kBlockKV>(p)))
+                         : dim3(p.num_m_blocks, p.batch * p.kv_heads, p.num_splits);
   launch_kernel(kernel, p, grid, dim3(Traits::kNThreads), smem, stream, programmatic, "split kernel launch");
 }
 

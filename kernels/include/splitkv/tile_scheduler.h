@@ -21,6 +21,10 @@
 // done) reset themselves: the last CTA to find no item left sets the item counter back to 0, and
 // the done counter wraps to 0 in that CTA's increment, so they are zero again after every launch
 // without a fill kernel (fused_merge.h does the same).
+//
+// Before the order, a launch whose min_blocks_per_split was "load_aware" (p.plan_choices > 1) chooses
+// its knob from the lengths (rules.h, the load-aware plan): every CTA tallies the batch for each
+// choice, and the estimates pick one, the same in every CTA.
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -31,21 +35,13 @@
 
 namespace splitkv {
 
-// Size class of sequence b: 31 - floor(log2(its KV blocks per split)), so lower is heavier; an
-// empty sequence shares the lightest class.
-CUTE_DEVICE int size_class(const SplitParams& p, int b) {
-  const int len = __ldg(p.seqlens + b);
-  const int splits = rules::live_splits(len, p.block_kv, p.min_blocks_per_split, p.num_splits);
-  const int per_split = rules::ceil_div(rules::ceil_div(len, p.block_kv), splits);
-  return per_split == 0 ? rules::kSizeClasses - 1 : __clz(per_split);
-}
-
 template <class Traits>
 class LiveScheduler {
  public:
   static constexpr int kNWarps = Traits::kNWarps;
   static constexpr int kNThreads = Traits::kNThreads;
   static_assert(rules::kSizeClasses == 32, "one class per lane");
+  static_assert(Traits::kSmemBytes % 16 == 0, "the schedule's tallies and estimates are 8-byte aligned");
 
   // schedule: the rules::live_schedule_bytes(p.batch) bytes of shared memory after the split
   // kernel's own.
@@ -53,12 +49,15 @@ class LiveScheduler {
       : next_(reinterpret_cast<int*>(schedule)),
         counts_(next_ + rules::kScheduleHeaderInts),
         order_(counts_ + kNWarps * rules::kSizeClasses),
-        prefix_(order_ + p.batch) {}
+        prefix_(order_ + p.batch),
+        tallies_(reinterpret_cast<rules::LivePlanTally*>(next_ + rules::live_schedule_ints(p.batch))),
+        estimates_(reinterpret_cast<int64_t*>(tallies_ + rules::kLivePlanChoices)) {}
 
-  // Sorts the batch and takes this CTA's first item, item blockIdx.x, into cta; false when
-  // there is none.
+  // Chooses the plan's knob, sorts the batch and takes this CTA's first item, item blockIdx.x,
+  // into cta; false when there is none.
   template <int kBlockM, int kBlockKV>
   CUTE_DEVICE bool first(const SplitParams& p, SplitCta& cta) {
+    choose_min_blocks<kBlockKV>(p);
     sort_by_class(p);
     prefix_splits(p);
     if (threadIdx.x == 0) *next_ = int(blockIdx.x);
@@ -105,7 +104,7 @@ class LiveScheduler {
     }
     const int b = order_[lo];
     cta = make_cta<kBlockM, kBlockKV>(p, rest % p.num_m_blocks, b, rest / p.num_m_blocks, unit - prefix_[lo],
-                                      __ldg(p.seqlens + b));
+                                      __ldg(p.seqlens + b), min_blocks_);
     return true;
   }
 
@@ -119,6 +118,104 @@ class LiveScheduler {
                  : "l"(p.work_counters + 1), "r"(gridDim.x - 1)
                  : "memory");
     if (done == gridDim.x - 1) atomicExch(p.work_counters, 0);
+  }
+
+  // min_blocks_: p.min_blocks_per_split, or with p.plan_choices > 1 the choice of
+  // rules::live_plan_min_blocks for this batch and grid. Warp w tallies choices w, w + kNWarps,
+  // ... over the whole batch (one shared atomic per size class present in 32 sequences) and
+  // estimates each with a lane per class; then thread 0 picks. It still costs a launch about
+  // 2 us, mostly the tally loops (docs/NOTES.md, session 14), which is why the plan is an
+  // option. CTA 0 leaves the choice in the workspace for the combine kernel.
+  template <int kBlockKV>
+  CUTE_DEVICE void choose_min_blocks(const SplitParams& p) {
+    min_blocks_ = p.min_blocks_per_split;
+    if (p.plan_choices <= 1) return;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    long long blocks = 0;
+    for (int j = warp; j < p.plan_choices; j += kNWarps) {
+      rules::LivePlanTally& t = tallies_[j];
+      t.splits[lane] = 0;
+      t.max_blocks[lane] = 0;
+      __syncwarp();
+      blocks = 0;
+      for (int i0 = 0; i0 < p.batch; i0 += 32) {
+        const bool valid = i0 + lane < p.batch;
+        const int len = valid ? __ldg(p.seqlens + i0 + lane) : 0;
+        blocks += __reduce_add_sync(0xffffffffu, unsigned(rules::ceil_div(len, kBlockKV)));
+        const rules::LivePlanShare share =
+            rules::live_plan_share(len, kBlockKV, p.min_blocks_per_split << j, p.num_splits);
+        const int c = valid ? share.size_class : rules::kSizeClasses;
+        unsigned left = __ballot_sync(0xffffffffu, valid);
+        while (left) {
+          const int leader = __ffs(left) - 1;
+          const bool mine = c == __shfl_sync(0xffffffffu, c, leader);
+          const int splits = __reduce_add_sync(0xffffffffu, mine ? share.splits : 0);
+          const unsigned largest = __reduce_max_sync(0xffffffffu, mine ? unsigned(share.blocks_per_split) : 0u);
+          if (lane == leader) {
+            atomicAdd(&t.splits[c], splits);
+            atomicMax(&t.max_blocks[c], int(largest));
+          }
+          left &= ~__ballot_sync(0xffffffffu, mine);
+        }
+      }
+      __syncwarp();
+      const int64_t estimate = warp_estimate<kBlockKV>(t, blocks, p.kv_heads * p.num_m_blocks, int(gridDim.x), lane);
+      if (lane == 0) estimates_[j] = estimate;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      next_[1] = p.min_blocks_per_split << rules::live_plan_pick(estimates_, p.plan_choices);
+      if (blockIdx.x == 0 && p.ws_plan != nullptr) *p.ws_plan = next_[1];
+    }
+    __syncthreads();
+    min_blocks_ = next_[1];
+  }
+
+  // rules::live_plan_estimate of tally t, by the warp: lane c holds size class c, lane k - 1
+  // wave k's bound. Counts of items are below 2^30 (bindings.cpp): 32-bit shuffles.
+  template <int kBlockKV>
+  CUTE_DEVICE static int64_t warp_estimate(const rules::LivePlanTally& t, int64_t blocks, int tiles, int ctas,
+                                           int lane) {
+    int upto = t.splits[lane] * tiles;  // items of classes <= lane
+    CUTE_UNROLL
+    for (int d = 1; d < 32; d *= 2) {
+      const int below = __shfl_up_sync(0xffffffffu, upto, d);
+      if (lane >= d) upto += below;
+    }
+    const int items = __shfl_sync(0xffffffffu, upto, 31);
+    const int largest = int(__reduce_max_sync(0xffffffffu, unsigned(t.max_blocks[lane])));
+    const int64_t rate = rules::live_plan_rate(items, ctas);
+    int64_t finish = blocks * tiles * rate + int64_t(items) * (16 * rules::kLivePlanItemKeys / kBlockKV);
+    const int64_t longest = int64_t(ctas) * rules::live_plan_item_time(largest, rate, kBlockKV);
+    finish = finish > longest ? finish : longest;
+    // Wave k's class: the first whose running count exceeds k * ctas (a binary search over the
+    // lanes' counts, each lane its own k).
+    const int k = lane + 1;
+    const int64_t rank = int64_t(k) * ctas;
+    int lo = 0, hi = rules::kSizeClasses - 1;
+    CUTE_UNROLL
+    for (int step = 0; step < 5; ++step) {
+      const int mid = (lo + hi) / 2;
+      if (__shfl_sync(0xffffffffu, upto, mid) > rank) {
+        hi = mid;
+      } else {
+        lo = mid + 1 < hi ? mid + 1 : hi;
+      }
+    }
+    const int wave_blocks = __shfl_sync(0xffffffffu, t.max_blocks[lane], lo);
+    if (k <= rules::kLivePlanMaxWaves && rank < items) {
+      const int64_t bound = int64_t(ctas) * (k + 1) * rules::live_plan_item_time(wave_blocks, rate, kBlockKV);
+      finish = finish > bound ? finish : bound;
+    }
+    // The warp's largest (non-negative) value: high words first, then the low words among them.
+    const unsigned high = __reduce_max_sync(0xffffffffu, unsigned(uint64_t(finish) >> 32));
+    const unsigned low = __reduce_max_sync(0xffffffffu, unsigned(uint64_t(finish) >> 32) == high ? unsigned(finish) : 0u);
+    return int64_t((uint64_t(high) << 32) | low);
+  }
+
+  // Size class of sequence b under the plan's knob (rules::size_class of its blocks per split).
+  CUTE_DEVICE int size_class(const SplitParams& p, int b) const {
+    return rules::live_plan_share(__ldg(p.seqlens + b), p.block_kv, min_blocks_, p.num_splits).size_class;
   }
 
   // order_: the batch by size class, then batch index; a stable counting sort. Warp w sorts a
@@ -179,7 +276,7 @@ class LiveScheduler {
       const int i = i0 + threadIdx.x;
       int splits = 0;
       if (i < p.batch) {
-        splits = rules::live_splits(__ldg(p.seqlens + order_[i]), p.block_kv, p.min_blocks_per_split, p.num_splits);
+        splits = rules::live_splits(__ldg(p.seqlens + order_[i]), p.block_kv, min_blocks_, p.num_splits);
       }
       int before = 0, total = 0;
       BlockScan(scan).ExclusiveSum(splits, before, total);
@@ -195,7 +292,10 @@ class LiveScheduler {
   int* counts_;  // [kNWarps][kSizeClasses]
   int* order_;   // [batch]
   int* prefix_;  // [batch + 1]
-  int prefetched_ = 0;  // thread 0's
+  rules::LivePlanTally* tallies_;  // [kLivePlanChoices]
+  int64_t* estimates_;             // [kLivePlanChoices]
+  int min_blocks_ = 0;             // the plan's knob for this launch
+  int prefetched_ = 0;             // thread 0's
 };
 
 }  // namespace splitkv

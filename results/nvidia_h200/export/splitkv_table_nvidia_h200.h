@@ -225,14 +225,158 @@ SPLITKV_HOST_DEVICE constexpr int live_max_splits(int batch, int kv_heads, int p
   return splits < kMaxSplits ? splits : kMaxSplits;
 }
 
-// The persistent schedule of a paged / variable-length launch (tile_scheduler.h). Its shared
-// memory, after the split kernel's own: a header (the next work item), the sequences' size
-// classes counted per warp, the batch in schedule order and that order's prefix of splits.
-inline constexpr int kScheduleHeaderInts = 4;
+// Size classes of the schedule's order and of the load-aware plan's tallies: class c holds
+// splits of [2^(31-c), 2^(32-c)) blocks, so lower is heavier; an empty split shares class 31.
 inline constexpr int kSizeClasses = 32;
+
+SPLITKV_HOST_DEVICE constexpr int size_class(int blocks_per_split) {
+  if (blocks_per_split <= 1) return kSizeClasses - 1;
+#if defined(__CUDA_ARCH__)
+  return __clz(blocks_per_split);
+#else
+  int c = 0;
+  while (!(unsigned(blocks_per_split) & (0x80000000u >> c))) ++c;
+  return c;
+#endif
+}
+
+// The load-aware plan of a paged / variable-length launch whose min_blocks_per_split is
+// "load_aware" (splitkv_tune/live.py).
+//
+// Why: a launch whose splits are small for its batch gives every CTA several work items, and
+// each item costs about two blocks' time of its own (its pipeline fill, epilogue and merge):
+// 16 x 8K keys at 1024 keys per split (3.9 items per CTA) take 8% longer than at 4096 (one
+// each), while large splits starve a batch of few sequences (docs/PERFORMANCE.md). No knob
+// that ignores the lengths serves both, so the launch chooses min_blocks_per_split itself,
+// from the lengths it reads anyway: among the knob times 1, 2, 4, ... (kLivePlanChoices at
+// most, splits of at most kLivePlanMaxKeysPerSplit keys), the one whose schedule the estimate
+// below finishes first, and the knob itself unless another gains kLivePlanMarginPct. The choice
+// depends on every length of the batch, so a sequence's bits do too. Choosing costs every CTA
+// about 2 us before its first item, which is why it is not the "auto" knob (docs/PERFORMANCE.md).
+//
+// The estimate is a list-scheduling bound on the CTAs' finishing time: an item of p blocks
+// costs p * rate + kLivePlanItemKeys / block_kv blocks; the rate is 1 when the items fill the grid and falls to kLivePlanRateFloor16 / 16 as they leave
+// CTAs idle (fewer CTAs share the bandwidth); and the finish is at least the mean load per CTA,
+// the largest item, and, for each wave k the items spill into, k + 1 items of the size at rank
+// k x CTAs (some CTA holds k + 1 of the first k x CTAs + 1 items; the largest item of that
+// size class stands for it). The constants come from fitting that schedule to 409 H200 timings
+// of 20 batches at up to 25 knob pairs each (tools/plan_model.py fit: 2.14 blocks of 64 keys per
+// item, rate floor 11.4/16, 10% RMS error); on 44 batches timed at every choice, the choice's
+// mean gap to the best knob was 3.8% where the knob alone's was 9.5% (docs/PERFORMANCE.md).
+inline constexpr int kLivePlanChoices = 5;
+inline constexpr int kLivePlanMaxKeysPerSplit = 4096;
+inline constexpr int kLivePlanItemKeys = 128;
+inline constexpr int kLivePlanRateFloor16 = 11;
+inline constexpr int kLivePlanMarginPct = 5;
+inline constexpr int kLivePlanMaxWaves = 16;
+
+// How many knobs the plan chooses among: min_blocks_per_split << j for j < the count.
+SPLITKV_HOST_DEVICE constexpr int live_plan_choices(int min_blocks_per_split, int block_kv) {
+  int n = 1;
+  while (n < kLivePlanChoices && (int64_t(min_blocks_per_split) << n) * block_kv <= kLivePlanMaxKeysPerSplit) ++n;
+  return n;
+}
+
+// One choice's tally of the batch, per size class: its splits (per query tile and KV head) and
+// the blocks of its largest split.
+struct LivePlanTally {
+  int splits[kSizeClasses];
+  int max_blocks[kSizeClasses];
+};
+
+// What one sequence of live_len keys adds to the tally of knob min_blocks: its live_splits
+// splits of blocks_per_split blocks (rounded up), in that size's class.
+struct LivePlanShare {
+  int size_class, splits, blocks_per_split;
+};
+
+SPLITKV_HOST_DEVICE constexpr LivePlanShare live_plan_share(int live_len, int block_kv, int min_blocks, int max_splits) {
+  const int splits = live_splits(live_len, block_kv, min_blocks, max_splits);
+  const int per_split = ceil_div(ceil_div(live_len, block_kv), splits);
+  return LivePlanShare{size_class(per_split), splits, per_split};
+}
+
+// The estimate's parts, in 1/16 of a block's streaming time. The rate of `items` items on `ctas`
+// CTAs: 16 when they fill the grid, less (faster) when they leave CTAs idle.
+SPLITKV_HOST_DEVICE constexpr int live_plan_rate(int64_t items, int64_t ctas) {
+  if (items >= ctas) return 16;
+  const int rate = 16 * int(items) / int(ctas);  // both below 2^17 here: a 32-bit division
+  return rate < kLivePlanRateFloor16 ? kLivePlanRateFloor16 : rate;
+}
+
+// One item of `blocks` blocks at that rate, its own cost included.
+SPLITKV_HOST_DEVICE constexpr int64_t live_plan_item_time(int64_t blocks, int64_t rate, int block_kv) {
+  return blocks * rate + 16 * int64_t(kLivePlanItemKeys) / block_kv;
+}
+
+// The estimate of one choice, times ctas (so that it needs no division; the choices of a launch
+// share ctas): the batch's `blocks` live blocks in all (sum of ceil(len / block_kv)); tiles =
+// kv_heads * query tiles per sequence, ctas = the launch's grid. In int64: the launch has under
+// 2^30 items (bindings.cpp) of at most 2^26 blocks, and at most 2^17 CTAs.
+SPLITKV_HOST_DEVICE constexpr int64_t live_plan_estimate(const LivePlanTally& t, int64_t blocks, int64_t tiles,
+                                                         int64_t ctas, int block_kv) {
+  int64_t items = 0;
+  int largest = 0;
+  for (int c = 0; c < kSizeClasses; ++c) {
+    items += int64_t(t.splits[c]) * tiles;
+    largest = largest > t.max_blocks[c] ? largest : t.max_blocks[c];
+  }
+  const int64_t rate = live_plan_rate(items, ctas);
+  int64_t finish = blocks * tiles * rate + items * (16 * int64_t(kLivePlanItemKeys) / block_kv);
+  const int64_t longest = ctas * live_plan_item_time(largest, rate, block_kv);
+  finish = finish > longest ? finish : longest;
+  // Wave k's rank k * ctas lies in the class where the running count of items passes it.
+  int64_t before = 0;
+  int c = 0;
+  for (int k = 1; k <= kLivePlanMaxWaves && int64_t(k) * ctas < items; ++k) {
+    while (before + int64_t(t.splits[c]) * tiles <= int64_t(k) * ctas) before += int64_t(t.splits[c++]) * tiles;
+    const int64_t bound = ctas * (k + 1) * live_plan_item_time(t.max_blocks[c], rate, block_kv);
+    finish = finish > bound ? finish : bound;
+  }
+  return finish;
+}
+
+// The choice among estimates[0, n): the least (the first of equals), unless it gains under
+// kLivePlanMarginPct on estimates[0], the knob itself.
+SPLITKV_HOST_DEVICE constexpr int live_plan_pick(const int64_t* estimates, int n) {
+  int best = 0;
+  for (int j = 1; j < n; ++j) best = estimates[j] < estimates[best] ? j : best;
+  return estimates[best] * 100 <= estimates[0] * (100 - kLivePlanMarginPct) ? best : 0;
+}
+
+// The plan's min_blocks_per_split for a batch of `batch` live lengths, serially: what the CTAs
+// of the launch compute together (tile_scheduler.h), for the host (the reference, the exported
+// selector). choices: live_plan_choices(min_blocks, block_kv), or 1 for the knob as given.
+SPLITKV_HOST_DEVICE constexpr int live_plan_min_blocks(const int* lengths, int batch, int64_t tiles, int64_t ctas,
+                                                       int block_kv, int min_blocks, int max_splits, int choices) {
+  if (choices <= 1) return min_blocks;
+  int64_t blocks = 0;
+  for (int b = 0; b < batch; ++b) blocks += ceil_div(lengths[b], block_kv);
+  int64_t estimates[kLivePlanChoices] = {};
+  for (int j = 0; j < choices; ++j) {
+    LivePlanTally t{};
+    for (int b = 0; b < batch; ++b) {
+      const LivePlanShare s = live_plan_share(lengths[b], block_kv, min_blocks << j, max_splits);
+      t.splits[s.size_class] += s.splits;
+      t.max_blocks[s.size_class] =
+          t.max_blocks[s.size_class] > s.blocks_per_split ? t.max_blocks[s.size_class] : s.blocks_per_split;
+    }
+    estimates[j] = live_plan_estimate(t, blocks, tiles, ctas, block_kv);
+  }
+  return min_blocks << live_plan_pick(estimates, choices);
+}
+
+// The persistent schedule of a paged / variable-length launch (tile_scheduler.h). Its shared
+// memory, after the split kernel's own: a header (the next work item, the plan's knob), the
+// sequences' size classes counted per warp, the batch in schedule order and that order's prefix
+// of splits, then the plan's tallies and estimates (8-byte aligned).
+inline constexpr int kScheduleHeaderInts = 4;
+SPLITKV_HOST_DEVICE constexpr int live_schedule_ints(int batch) {
+  return (kScheduleHeaderInts + kNumWarps * kSizeClasses + 2 * batch + 1 + 1) / 2 * 2;
+}
 SPLITKV_HOST_DEVICE constexpr int live_schedule_bytes(int batch) {
-  const int ints = kScheduleHeaderInts + kNumWarps * kSizeClasses + 2 * batch + 1;
-  return (4 * ints + 15) / 16 * 16;
+  const int bytes = 4 * live_schedule_ints(batch) + kLivePlanChoices * int(sizeof(LivePlanTally) + sizeof(int64_t));
+  return (bytes + 15) / 16 * 16;
 }
 
 // Its two self-resetting counters: the next work item and the CTAs that found none left.
@@ -269,19 +413,21 @@ SPLITKV_HOST_DEVICE constexpr bool fused_merge_fits(int packed_rows, int head_di
 
 SPLITKV_HOST_DEVICE constexpr int64_t align_up(int64_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 
-// Byte offsets of the workspace's sections (params.h): O at 0, then m, then l; `total` is the
-// size. No workspace with one split.
+// Byte offsets of the workspace's sections (params.h): O at 0, then m, then l, then the plan's
+// knob (one int32: the min_blocks_per_split a load-aware launch chose, for its combine kernel);
+// `total` is the size. No workspace with one split.
 struct WorkspaceSections {
-  int64_t m_offset, l_offset, total;
+  int64_t m_offset, l_offset, plan_offset, total;
 };
 
 SPLITKV_HOST_DEVICE constexpr WorkspaceSections workspace_sections(int num_splits, int batch, int q_heads, int q_len,
                                                                    int head_dim) {
-  if (num_splits == 1) return WorkspaceSections{0, 0, 0};
+  if (num_splits == 1) return WorkspaceSections{0, 0, 0, 0};
   const int64_t rows = int64_t(num_splits) * batch * q_heads * q_len;
   const int64_t o_bytes = align_up(rows * head_dim * 4);
   const int64_t ml_bytes = align_up(rows * 4);
-  return WorkspaceSections{o_bytes, o_bytes + ml_bytes, o_bytes + 2 * ml_bytes};
+  const int64_t plan_offset = o_bytes + 2 * ml_bytes;
+  return WorkspaceSections{o_bytes, o_bytes + ml_bytes, plan_offset, plan_offset + kWorkspaceAlign};
 }
 
 // The fused merge's counters: one int32 per query tile of each (batch, KV head).
@@ -641,9 +787,11 @@ namespace gpu_nvidia_h200 {
 // equal distances to the class first by (B, len_max, len_mean, page): kBatchClasses is in that
 // order within a head configuration, so the first nearest class wins. A batch of equal lengths
 // is the class with len_max == len_mean. With no class of its head configuration the knobs are
-// rules.h's "auto" ones on num_sms SMs (this GPU's kSms when num_sms <= 0). The split count of
-// each sequence is then splitkv::rules::live_splits(live_len, block_kv, min_blocks_per_split,
-// max_splits), as the kernel computes it on the device.
+// rules.h's "auto" ones on num_sms SMs (this GPU's kSms when num_sms <= 0). Passed explicitly,
+// the knobs give each sequence splitkv::rules::live_splits(live_len, block_kv,
+// min_blocks_per_split, max_splits) splits, as the kernel computes them on the device; a call
+// whose min_blocks_per_split is "load_aware" lets each launch choose it from the live lengths
+// (splitkv::rules::live_plan_min_blocks with the launch's CTAs).
 struct BatchClass {
   int dtype, head_dim, q_heads, kv_heads, q_len, page_size, batch, len_max, len_mean;
   int block_kv, min_blocks_per_split, max_splits, merge;

@@ -1,0 +1,136 @@
+"""The model behind the load-aware plan's constants (rules.h, kLivePlan*), and its check.
+
+`fit` fits a list-scheduling model of the paged kernel's persistent schedule to compare-batch
+rows (the `ours` and `ours_m<MIN>_s<MAX>` rows at block_kv 64 with the fused merge): each work
+item (one split of one sequence and KV head) costs `a + b * rate * blocks` µs, where the rate is
+`max(rho, items / ctas)` (fewer items than CTAs stream faster), the CTAs take items in the
+kernel's order (size class, then batch order) as they come free, and the tile's last split adds
+`m` for the fused merge; a launch takes `t0` more. It prints the parameters, the RMS error and,
+per batch, how often the model's fastest knob is the measured fastest. rules.h's per-item cost
+(kLivePlanItemKeys, `a / b` blocks of 64 keys) and rate floor (kLivePlanRateFloor16 / 16, rho)
+come from it.
+
+`check` replays the plan on knob curves (compare-batch run with `--plan-space` over
+min_blocks_per_split): for each batch, the knob that `plan.plan_min_blocks` chooses from the
+"auto" knob, looked up among the timed rows, against the "auto" knob itself and the best row.
+
+    python3 tools/plan_model.py fit results/nvidia_h200/batches/batches.csv ...   # needs scipy
+    python3 tools/plan_model.py check --ctas 264 results/nvidia_h200/paged/plan_knob_curves_32_8_2026-12-02.csv
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import minimize
+
+from splitkv_tune import live, plan
+from splitkv_tune.batches import parse_lengths
+
+BLOCK_KV = 64
+
+
+def _rows(paths) -> pd.DataFrame:
+    d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
+    d = d[(d["status"] == "ok") & (d["block_kv"] == BLOCK_KV) & (d["merge"] == "fused")
+          & ((d["impl"] == "ours") | d["impl"].str.match(r"ours_m\d+_s\d+(_fused)?$"))]
+    return d.drop_duplicates(["label", "q_heads", "kv_heads", "min_blocks_per_split", "max_splits"]).reset_index(drop=True)
+
+
+def _items(lengths, kv_heads: int, min_blocks: int, max_splits: int) -> list[tuple[int, int, int]]:
+    """(tile, splits, blocks) per work item, in the kernel's order (tile_scheduler.h)."""
+    seqs = []
+    for b, n in enumerate(lengths):
+        share = plan._rules.live_splits(n, BLOCK_KV, min_blocks, max_splits)
+        blocks = -(-n // BLOCK_KV)
+        per = -(-blocks // share)
+        seqs.append((31 if per <= 1 else 32 - per.bit_length(), b, share, blocks))
+    seqs.sort()
+    return [(b * kv_heads + h, s, (i + 1) * nb // s - i * nb // s)
+            for _, b, s, nb in seqs for i in range(s) for h in range(kv_heads)]
+
+
+def _time(x, items, ctas: int) -> float:
+    t0, a, b, rho, m = x
+    rate = b * max(rho, min(1.0, len(items) / ctas))
+    free = [(0.0, c) for c in range(min(ctas, len(items)))]
+    arrived: dict[int, int] = {}
+    finish = 0.0
+    for tile, splits, blocks in items:
+        start, cta = heapq.heappop(free)
+        end = start + a + rate * blocks
+        arrived[tile] = arrived.get(tile, 0) + 1
+        if splits > 1 and arrived[tile] == splits:
+            end += m
+        finish = max(finish, end)
+        heapq.heappush(free, (end, cta))
+    return t0 + finish
+
+
+def fit(paths, ctas: int) -> None:
+    d = _rows(paths)
+    items = [_items(parse_lengths(r.label), int(r.kv_heads), int(r.min_blocks_per_split), int(r.max_splits))
+             for r in d.itertuples()]
+    measured = d["median_us"].to_numpy()
+
+    def loss(x):
+        if min(x) < 0 or x[3] > 1:
+            return 1e9
+        return float(np.mean(np.log([_time(x, it, ctas) for it in items] / measured) ** 2))
+
+    result = minimize(loss, [7.0, 3.5, 1.7, 0.7, 0.5], method="Nelder-Mead",
+                      options={"maxiter": 200, "xatol": 1e-3, "fatol": 1e-6})
+    t0, a, b, rho, m = result.x
+    print(f"{len(d)} rows: t0 {t0:.2f} µs, a {a:.2f} µs/item, b {b:.3f} µs/block, rho {rho:.3f}, m {m:.2f} µs; "
+          f"RMS log error {np.sqrt(result.fun):.3f}")
+    print(f"item cost {a / b:.2f} blocks of {BLOCK_KV} keys ({a / b * BLOCK_KV:.0f} keys), rate floor {rho * 16:.1f}/16")
+    d = d.assign(model=[_time(result.x, it, ctas) for it in items])
+    hits = sum(g.loc[g["model"].idxmin(), "median_us"] <= 1.02 * g["median_us"].min()
+               for _, g in d.groupby(["label", "kv_heads"]))
+    print(f"the model's fastest knob within 2% of the measured fastest on {hits} of "
+          f"{d.groupby(['label', 'kv_heads']).ngroups} batches")
+
+
+def check(paths, ctas: int, sms: int) -> None:
+    d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
+    d = d[(d["status"] == "ok") & (d["block_kv"] == BLOCK_KV)]
+    rows = []
+    for (label, q_heads, kv_heads), g in d.groupby(["label", "q_heads", "kv_heads"]):
+        lengths = parse_lengths(label)
+        rows_per_knob = {(int(r.min_blocks_per_split), int(r.max_splits)): r.median_us
+                         for r in g.itertuples() if r.impl.startswith("ours_m")}
+        _, knob, bound = live.resolve_knobs(len(lengths), 128, int(kv_heads), int(q_heads // kv_heads), sms)
+        bounds = sorted({s for _, s in rows_per_knob})
+        nearest = min(bounds, key=lambda s: abs(s - bound))
+        chosen = plan.plan_min_blocks(lengths, kv_heads=int(kv_heads), packed_rows=int(q_heads // kv_heads),
+                                      ctas=ctas, block_kv=BLOCK_KV, min_blocks_per_split=knob, max_splits=bound)
+        rows.append({"batch": label, "kv_heads": kv_heads, "knob": knob, "chosen": chosen,
+                     "at_knob": rows_per_knob.get((knob, nearest)), "at_choice": rows_per_knob.get((chosen, nearest)),
+                     "best": min(rows_per_knob.values())})
+    r = pd.DataFrame(rows).dropna()
+    print(r.round(1).to_string(index=False))
+    for col in ("at_knob", "at_choice"):
+        gap = r[col] / r["best"] - 1
+        print(f"{col}: mean gap to the best row {gap.mean():.1%}, max {gap.max():.1%}")
+    change = r["at_choice"] / r["at_knob"] - 1
+    print(f"choice against knob: mean {change.mean():+.1%}, best {change.min():+.1%}, worst {change.max():+.1%} "
+          f"({len(r)} batches)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("fit", "check"))
+    parser.add_argument("csv", nargs="+")
+    parser.add_argument("--ctas", type=int, default=264, help="the launch's CTAs (H200: 132 SMs x 2)")
+    parser.add_argument("--sms", type=int, default=132)
+    args = parser.parse_args()
+    if args.what == "fit":
+        fit(args.csv, args.ctas)
+    else:
+        check(args.csv, args.ctas, args.sms)
+
+
+if __name__ == "__main__":
+    main()
