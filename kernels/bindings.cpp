@@ -303,7 +303,7 @@ std::pair<at::Tensor, at::Tensor> launch(py::handle q_obj, py::handle k_obj, py:
   at::Tensor lse;
   if (return_lse) lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
   const rules::WorkspaceSections sections =
-      rules::workspace_sections(num_splits, p.batch, p.q_heads, p.q_len, head_dim);
+      rules::workspace_sections(num_splits, p.batch, p.q_heads, p.q_len, head_dim, live);
   const bool captured = capturing(stream);
   const at::Tensor workspace = workspace_obj.is_none() ? default_workspace(q, sections.total, stream, captured)
                                                        : checked_workspace(workspace_obj, q, sections.total);
@@ -411,13 +411,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("read_eager_counters", &read_eager_counters, "The fused merge's eager counters of (device, stream)");
   m.def("combine", &combine, "Launch the combine kernel alone on fp32 partials");
   m.def("live_grid", [](int device, int dtype, int head_dim, int batch, int kv_heads, int packed_rows,
-                        int block_kv, int max_splits) {
+                        int block_kv, int max_splits, int plan_choices) {
     const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     SplitParams p{};
     p.batch = batch;
     p.kv_heads = kv_heads;
     p.packed_rows = packed_rows;
     p.num_splits = max_splits;
+    p.plan_choices = plan_choices;
     return live_grid_ctas(p, static_cast<DType>(dtype), head_dim, rules::block_m_for(packed_rows), block_kv);
   }, "CTAs of a paged / variable-length launch on that device (the load-aware plan's grid)");
   m.def("split_smem_bytes", [](int dtype, int head_dim, int block_m, int block_kv) {

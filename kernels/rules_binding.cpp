@@ -69,6 +69,7 @@ PYBIND11_MODULE(_rules, m) {
   m.def("lanes_per_row", &rules::lanes_per_row, py::arg("head_dim"));
   m.attr("MAX_KEYS") = rules::kMaxKeys;
   m.attr("MAX_GRID_Y") = rules::kMaxGridY;
+  m.attr("MAX_LIVE_CTAS") = rules::kMaxLiveCtas;
   m.def("live_splits", [](int live_len, int block_kv, int min_blocks_per_split, int max_splits) {
     if (live_len < 0 || block_kv < 1 || min_blocks_per_split < 1 || max_splits < 1) {
       throw py::value_error("live_splits needs live_len >= 0 and block_kv, min_blocks_per_split, max_splits >= 1");
@@ -111,21 +112,23 @@ PYBIND11_MODULE(_rules, m) {
     for (int n : lengths) {
       if (n < 0 || n > rules::kMaxKeys) throw py::value_error("live_plan_min_blocks: a length outside [0, MAX_KEYS]");
     }
-    if (lengths.empty() || tiles < 1 || ctas < 1 || block_kv < 1 || min_blocks_per_split < 1 || max_splits < 1 ||
-        choices < 1 || choices > rules::kLivePlanChoices ||
+    if (lengths.empty() || tiles < 1 || ctas < 1 || ctas > rules::kMaxLiveCtas || block_kv < 1 ||
+        min_blocks_per_split < 1 || max_splits < 1 || choices < 1 || choices > rules::kLivePlanChoices ||
         (int64_t(min_blocks_per_split) << (choices - 1)) > rules::kMaxKeys) {
-      throw py::value_error("live_plan_min_blocks needs lengths, tiles, ctas, block_kv, min_blocks_per_split, "
-                            "max_splits >= 1 and choices in [1, " + std::to_string(rules::kLivePlanChoices) + "]");
+      throw py::value_error("live_plan_min_blocks needs lengths, tiles, block_kv, min_blocks_per_split, "
+                            "max_splits >= 1, ctas in [1, " + std::to_string(rules::kMaxLiveCtas) +
+                            "] and choices in [1, " + std::to_string(rules::kLivePlanChoices) + "]");
     }
     return rules::live_plan_min_blocks(lengths.data(), int(lengths.size()), tiles, ctas, block_kv,
                                        min_blocks_per_split, max_splits, choices);
   }, py::arg("lengths"), py::arg("tiles"), py::arg("ctas"), py::arg("block_kv"), py::arg("min_blocks_per_split"),
         py::arg("max_splits"), py::arg("choices"));
   m.def("fused_merge_fits", &rules::fused_merge_fits, py::arg("packed_rows"), py::arg("head_dim"));
-  m.def("workspace_sections", [](int num_splits, int batch, int q_heads, int q_len, int head_dim) {
-    const rules::WorkspaceSections w = rules::workspace_sections(num_splits, batch, q_heads, q_len, head_dim);
+  m.def("workspace_sections", [](int num_splits, int batch, int q_heads, int q_len, int head_dim, bool live) {
+    const rules::WorkspaceSections w = rules::workspace_sections(num_splits, batch, q_heads, q_len, head_dim, live);
     return py::make_tuple(w.m_offset, w.l_offset, w.total);
-  }, py::arg("num_splits"), py::arg("batch"), py::arg("q_heads"), py::arg("q_len"), py::arg("head_dim"));
+  }, py::arg("num_splits"), py::arg("batch"), py::arg("q_heads"), py::arg("q_len"), py::arg("head_dim"),
+        py::arg("live") = false);
   m.def("tile_counter_count", &rules::tile_counter_count, py::arg("batch"), py::arg("kv_heads"),
         py::arg("packed_rows"));
 

@@ -186,7 +186,7 @@ def _select_paged(shape: Shape, gpu, as_json: bool, lengths, page_size: int, bat
               "why": why,
               "sms": profile.sms,
               "workspace_bytes": _rules.workspace_sections(bound, shape.batch, shape.q_heads, shape.q_len,
-                                                           shape.head_dim)[2]}
+                                                           shape.head_dim, live=True)[2]}
     if as_json:
         import json
         click.echo(json.dumps(choice, indent=2))

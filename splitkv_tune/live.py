@@ -9,7 +9,7 @@ cache's capacity. The knobs are fixed per call signature (and so at capture):
 * ``block_kv`` (keys per pipeline tile): ``"auto"`` is :data:`DEFAULT_BLOCK_KV`.
 * ``min_blocks_per_split``: a sequence gets one split per this many blocks of ``block_kv``
   keys; ``"auto"`` is :func:`default_min_keys_per_split`'s keys' worth. ``"load_aware"`` lets
-  each launch choose it from the live lengths (the load-aware plan,
+  each launch with ``cache_seqlens`` choose it from the live lengths (the load-aware plan,
   :func:`splitkv_tune.plan.plan_min_blocks`): that default times 1, 2, 4, ..., whichever the
   plan's estimate of the schedule finishes first. It wins on batches of similar lengths (16 x
   8K: 7% faster, 4 x 32K: 16%) and costs every launch about 2 µs, so it is not the default; a
@@ -141,23 +141,25 @@ def check_qkv(q, k, v) -> tuple[int, int]:
 
 def workspace_size(q: torch.Tensor, max_splits: int) -> int:
     """Bytes of workspace one paged / variable-length call with this ``max_splits`` bound needs
-    (0 for 1): the partials of every sequence's splits, sized from the bound."""
+    (0 for 1): the partials of every sequence's splits, sized from the bound, and the slot of
+    the load-aware plan's knob."""
     plan.check_max_splits(max_splits)
     batch, q_len, q_heads, head_dim = (int(x) for x in q.shape)
-    return _rules.workspace_sections(max_splits, batch, q_heads, q_len, head_dim)[2]
+    return _rules.workspace_sections(max_splits, batch, q_heads, q_len, head_dim, live=True)[2]
 
 
-def launch_grid(q: torch.Tensor, kv_heads: int, block_kv: int, max_splits: int) -> int:
-    """CTAs of a paged / variable-length launch of q's shape with these knobs on q's device:
-    the persistent grid (as many CTAs as the GPU holds at once, fewer when the batch's work
-    items are fewer), among which the load-aware plan divides the batch
-    (``reference.splitkv_attention_ref(..., plan_ctas=...)``)."""
+def launch_grid(q: torch.Tensor, kv_heads: int, block_kv: int, min_blocks_per_split: int, max_splits: int) -> int:
+    """CTAs of a load-aware paged launch (``min_blocks_per_split="load_aware"``, resolved to
+    ``min_blocks_per_split``) of q's shape with these knobs on q's device: the persistent grid
+    (as many CTAs as the GPU holds at once, fewer when the batch's work items are fewer), among
+    which the plan divides the batch (``reference.splitkv_attention_ref(..., plan_ctas=...)``)."""
     from splitkv_tune.ops import _DTYPES, _extension
 
     batch, q_len, q_heads, head_dim = (int(x) for x in q.shape)
-    plan.check_max_splits(max_splits)
+    plan.check_plan_knobs(block_kv, min_blocks_per_split, max_splits)
     return _extension().live_grid(q.device.index, _rules.DTYPE_CODES[_DTYPES[q.dtype]], head_dim, batch, kv_heads,
-                                  q_len * (q_heads // kv_heads), block_kv, max_splits)
+                                  q_len * (q_heads // kv_heads), block_kv, max_splits,
+                                  _rules.live_plan_choices(min_blocks_per_split, block_kv))
 
 
 @torch.compiler.assume_constant_result

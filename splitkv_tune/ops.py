@@ -305,9 +305,9 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
     :mod:`splitkv_tune.live` for the ``"auto"`` knobs), so a captured graph replays any mix
     of lengths; ``num_splits`` and ``split_policy`` do not apply. ``max_splits`` sizes the
     workspace (``live.workspace_size(q, max_splits)``). With
-    ``min_blocks_per_split="load_aware"`` each launch chooses that knob from all the live
-    lengths (the load-aware plan, ``plan.plan_min_blocks``), and a sequence's bits depend on
-    the batch. Otherwise a sequence's output bits depend only on its own q, keys, length and
+    ``min_blocks_per_split="load_aware"`` and ``cache_seqlens`` each launch chooses that knob
+    from all the live lengths (the load-aware plan, ``plan.plan_min_blocks``), and a sequence's
+    bits depend on the batch. Otherwise a sequence's output bits depend only on its own q, keys, length and
     the knobs, never on the other sequences' lengths or the table's width; the ``"auto"`` knobs
     follow the batch size B (fixed in a captured graph), so pass them explicitly for bits that
     do not change with B either. ``check_inputs``

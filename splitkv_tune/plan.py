@@ -28,6 +28,7 @@ import torch
 from splitkv_tune import _rules, tunables
 
 PAGE_SIZES = (1, 16, 32, 64, 128, 256)  # 1: SGLang's token-granular pool
+MAX_CTAS = _rules.MAX_LIVE_CTAS  # the most CTAs a launch's grid can have: the load-aware plan's range
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,8 +176,8 @@ def plan_min_blocks(lengths, *, kv_heads: int, packed_rows: int, ctas: int, bloc
     if not lengths:
         raise ValueError("lengths must name at least one sequence")
     check_plan_knobs(block_kv, min_blocks_per_split, max_splits)
-    if not isinstance(ctas, int) or isinstance(ctas, bool) or ctas < 1:
-        raise ValueError(f"ctas must be a positive integer, got {ctas!r}")
+    if not isinstance(ctas, int) or isinstance(ctas, bool) or not 1 <= ctas <= MAX_CTAS:
+        raise ValueError(f"ctas must be an integer in [1, {MAX_CTAS}], got {ctas!r}")
     tiles = kv_heads * _rules.num_m_blocks(packed_rows)
     choices = _rules.live_plan_choices(min_blocks_per_split, block_kv)
     return _rules.live_plan_min_blocks(list(lengths), tiles, ctas, block_kv, min_blocks_per_split, max_splits,

@@ -259,7 +259,9 @@ def splitkv_attention_ref(q, k, v, *, causal=False, softmax_scale=None, num_spli
     aligned to each sequence's own end, and a sequence of length 0 gets ``out = 0`` and
     ``lse = -inf``. ``plan_ctas``: apply the load-aware plan of a launch of that many CTAs
     (``live.launch_grid``), as the kernel does when its ``min_blocks_per_split`` is
-    ``"load_aware"``: ``min_blocks_per_split`` is then the base it chooses from
+    ``"load_aware"`` and ``cache_seqlens`` is given (without it every sequence holds the
+    capacity and the knob is used as given): ``min_blocks_per_split`` is then the base it
+    chooses from
     (``plan.plan_min_blocks``); None uses the knob as given.
     """
     if cache_seqlens is not None or block_table is not None:
@@ -299,8 +301,10 @@ def _live_batch_ref(q, k, v, causal, softmax_scale, num_splits, block_kv, return
     batch = plan.check_live_batch(q, k, cache_seqlens, block_table)
     _, q_len, q_heads, _ = q.shape
     if plan_ctas is not None:
-        if not isinstance(plan_ctas, int) or isinstance(plan_ctas, bool) or plan_ctas < 1:
-            raise ValueError(f"plan_ctas must be a positive integer (the launch's CTAs), got {plan_ctas!r}")
+        if not isinstance(plan_ctas, int) or isinstance(plan_ctas, bool) or not 1 <= plan_ctas <= plan.MAX_CTAS:
+            raise ValueError(f"plan_ctas must be an integer in [1, {plan.MAX_CTAS}] (the launch's CTAs), "
+                             f"got {plan_ctas!r}")
+    if plan_ctas is not None and cache_seqlens is not None:
         min_blocks_per_split = plan.plan_min_blocks(batch.lengths, kv_heads=k.shape[2],
                                                     packed_rows=q_len * (q_heads // k.shape[2]), ctas=plan_ctas,
                                                     block_kv=block_kv, min_blocks_per_split=min_blocks_per_split,

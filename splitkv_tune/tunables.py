@@ -367,8 +367,7 @@ def split_range(split: int, num_splits: int, kv_len: int, kv_end: int,
 
 
 def workspace_sections(shape: Shape, num_splits: int) -> tuple[int, int, int]:
-    """Byte offsets of the m and l sections and the total size; O starts at 0, and the last
-    128 bytes hold the load-aware plan's knob (params.h)."""
+    """Byte offsets of the m and l sections and the total size; O starts at 0 (module contract)."""
     return _rules.workspace_sections(num_splits, shape.batch, shape.q_heads, shape.q_len,
                                      shape.head_dim)
 
@@ -377,7 +376,7 @@ def workspace_bytes(shape: Shape, num_splits: int) -> int:
     """Bytes of workspace a launch needs (0 when ``num_splits == 1``).
 
     >>> workspace_bytes(Shape("bf16", 128, 1, 32, 8, 1, 4096), 16)
-    266368
+    266240
     """
     return workspace_sections(shape, num_splits)[2]
 

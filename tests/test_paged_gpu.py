@@ -190,7 +190,7 @@ def test_load_aware_plan_is_the_hosts(ops, cuda_gen, lengths, merge, want_coarse
     q, k, v, table, keys = _batch(cuda_gen, lengths, page_size=64)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bkv, knob, bound = live.resolve_knobs(len(lengths), 128, 8, 4, sms)
-    ctas = live.launch_grid(q, 8, bkv, bound)
+    ctas = live.launch_grid(q, 8, bkv, knob, bound)
     chosen = plan.plan_min_blocks(lengths, kv_heads=8, packed_rows=4, ctas=ctas, block_kv=bkv,
                                   min_blocks_per_split=knob, max_splits=bound)
     if want_coarser is not None:

@@ -141,6 +141,7 @@ def _bad_calls():
     yield "page size", dict(cache_seqlens=lens, block_table=table, k=torch.zeros(8, 24, 1, 64)), "page size"
     yield "plan_ctas", dict(cache_seqlens=lens, block_table=table, plan_ctas=0), "plan_ctas"
     yield "plan_ctas type", dict(cache_seqlens=lens, block_table=table, plan_ctas=2.5), "plan_ctas"
+    yield "plan_ctas range", dict(cache_seqlens=lens, block_table=table, plan_ctas=2 ** 32), "plan_ctas"
 
 
 @pytest.mark.parametrize("kwargs,pattern", [pytest.param(kw, p, id=name) for name, kw, p in _bad_calls()])
@@ -223,3 +224,9 @@ def test_the_plan_knob_as_given_without_ctas(gen):
     given = splitkv_attention_ref(q, k, v, cache_seqlens=lens, max_splits=32, return_lse=True)
     assert all(torch.equal(a, b) for a, b in zip(planned, fixed))
     assert not torch.equal(planned[0], given[0])
+    # Without cache_seqlens every sequence holds the capacity and the kernel keeps the knob.
+    pool_k, pool_v = (x.reshape(128, 256, 2, 64) for x in (k, v))
+    table = torch.arange(128, dtype=torch.int32).view(4, 32)
+    full = splitkv_attention_ref(q, pool_k, pool_v, block_table=table, max_splits=32, plan_ctas=32,
+                                 return_lse=True)
+    assert all(torch.equal(a, b) for a, b in zip(full, given))

@@ -39,7 +39,7 @@ int live_grid(const SplitParams& p) {
   using Traits = SplitKernelTraits<kHeadDim, kBlockM, kBlockKV, Element>;
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  const int smem = Traits::kSmemBytes + rules::live_schedule_bytes(p.batch);
+  const int smem = Traits::kSmemBytes + rules::live_schedule_bytes(p.batch, p.plan_choices);
   const int64_t capacity = rules::live_work_capacity(p.batch, p.kv_heads, p.packed_rows, p.num_splits);
   return int(rules::live_grid(capacity, sm_count(device), live_ctas_per_sm<Traits>(device, smem)));
 }
@@ -49,7 +49,7 @@ void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmat
   using Traits = SplitKernelTraits<kHeadDim, kBlockM, kBlockKV, Element>;
   const bool live = p.seqlens != nullptr;
   auto kernel = live ? &split_kv_live_kernel<Traits> : &split_kv_kernel<Traits>;
-  const int smem = Traits::kSmemBytes + (live ? rules::live_schedule_bytes(p.batch) : 0);
+  const int smem = Traits::kSmemBytes + (live ? rules::live_schedule_bytes(p.batch, p.plan_choices) : 0);
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   if (live) {
@@ -58,7 +58,7 @@ void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmat
     static const int static_smem = live_static_smem_bytes<Traits>();
     if (smem + static_smem > smem_optin_limit(device)) {
       throw std::invalid_argument("cache_seqlens: a batch of " + std::to_string(p.batch) + " sequences needs " +
-                                  std::to_string(rules::live_schedule_bytes(p.batch)) +
+                                  std::to_string(rules::live_schedule_bytes(p.batch, p.plan_choices)) +
                                   " bytes of shared memory for its schedule beside the kernel's " +
                                   std::to_string(Traits::kSmemBytes + static_smem) + "; this device allows " +
                                   std::to_string(smem_optin_limit(device)) + " in all");

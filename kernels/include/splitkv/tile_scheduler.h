@@ -43,8 +43,8 @@ class LiveScheduler {
   static_assert(rules::kSizeClasses == 32, "one class per lane");
   static_assert(Traits::kSmemBytes % 16 == 0, "the schedule's tallies and estimates are 8-byte aligned");
 
-  // schedule: the rules::live_schedule_bytes(p.batch) bytes of shared memory after the split
-  // kernel's own.
+  // schedule: the rules::live_schedule_bytes(p.batch, p.plan_choices) bytes of shared memory
+  // after the split kernel's own (tallies_ and estimates_ only when p.plan_choices > 1).
   CUTE_DEVICE LiveScheduler(const SplitParams& p, char* schedule)
       : next_(reinterpret_cast<int*>(schedule)),
         counts_(next_ + rules::kScheduleHeaderInts),
@@ -122,7 +122,7 @@ class LiveScheduler {
 
   // min_blocks_: p.min_blocks_per_split, or with p.plan_choices > 1 the choice of
   // rules::live_plan_min_blocks for this batch and grid. Warp w tallies choices w, w + kNWarps,
-  // ... over the whole batch (one shared atomic per size class present in 32 sequences) and
+  // ... over the whole batch (two shared atomics per size class present in 32 sequences) and
   // estimates each with a lane per class; then thread 0 picks. It still costs a launch about
   // 2 us, mostly the tally loops (docs/NOTES.md, session 14), which is why the plan is an
   // option. CTA 0 leaves the choice in the workspace for the combine kernel.

@@ -183,6 +183,9 @@ static_assert((kLiveMinKeysPerSplitHigh & (kLiveMinKeysPerSplitHigh - 1)) == 0,
 // kMaxKeys and num_sms <= kMaxLiveSms, the "auto" rules' products fit in int64_t.
 inline constexpr int kMaxGridY = 65535;
 inline constexpr int kMaxLiveSms = 1 << 16;
+// The most CTAs a paged / variable-length launch's grid has (SMs x CTAs per SM, at most 32 on
+// any GPU); within it the load-aware plan's rate is a 32-bit division.
+inline constexpr int kMaxLiveCtas = kMaxLiveSms * 32;
 
 // Whether the "auto" rules below take these counts.
 SPLITKV_HOST_DEVICE constexpr bool live_knob_args_ok(int64_t batch, int64_t kv_heads, int64_t packed_rows,
@@ -300,7 +303,7 @@ SPLITKV_HOST_DEVICE constexpr LivePlanShare live_plan_share(int live_len, int bl
 // CTAs: 16 when they fill the grid, less (faster) when they leave CTAs idle.
 SPLITKV_HOST_DEVICE constexpr int live_plan_rate(int64_t items, int64_t ctas) {
   if (items >= ctas) return 16;
-  const int rate = 16 * int(items) / int(ctas);  // both below 2^17 here: a 32-bit division
+  const int rate = 16 * int(items) / int(ctas);  // items < ctas <= kMaxLiveCtas: 32-bit arithmetic
   return rate < kLivePlanRateFloor16 ? kLivePlanRateFloor16 : rate;
 }
 
@@ -369,14 +372,15 @@ SPLITKV_HOST_DEVICE constexpr int live_plan_min_blocks(const int* lengths, int b
 // The persistent schedule of a paged / variable-length launch (tile_scheduler.h). Its shared
 // memory, after the split kernel's own: a header (the next work item, the plan's knob), the
 // sequences' size classes counted per warp, the batch in schedule order and that order's prefix
-// of splits, then the plan's tallies and estimates (8-byte aligned).
+// of splits, then, when the launch chooses its knob, the plan's tallies and estimates (8-byte
+// aligned).
 inline constexpr int kScheduleHeaderInts = 4;
 SPLITKV_HOST_DEVICE constexpr int live_schedule_ints(int batch) {
   return (kScheduleHeaderInts + kNumWarps * kSizeClasses + 2 * batch + 1 + 1) / 2 * 2;
 }
-SPLITKV_HOST_DEVICE constexpr int live_schedule_bytes(int batch) {
-  const int bytes = 4 * live_schedule_ints(batch) + kLivePlanChoices * int(sizeof(LivePlanTally) + sizeof(int64_t));
-  return (bytes + 15) / 16 * 16;
+SPLITKV_HOST_DEVICE constexpr int live_schedule_bytes(int batch, int plan_choices) {
+  const int plan = plan_choices > 1 ? kLivePlanChoices * int(sizeof(LivePlanTally) + sizeof(int64_t)) : 0;
+  return (4 * live_schedule_ints(batch) + plan + 15) / 16 * 16;
 }
 
 // Its two self-resetting counters: the next work item and the CTAs that found none left.
@@ -413,21 +417,22 @@ SPLITKV_HOST_DEVICE constexpr bool fused_merge_fits(int packed_rows, int head_di
 
 SPLITKV_HOST_DEVICE constexpr int64_t align_up(int64_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 
-// Byte offsets of the workspace's sections (params.h): O at 0, then m, then l, then the plan's
-// knob (one int32: the min_blocks_per_split a load-aware launch chose, for its combine kernel);
-// `total` is the size. No workspace with one split.
+// Byte offsets of the workspace's sections (params.h): O at 0, then m, then l, then for a paged /
+// variable-length launch (`live`) the plan's knob (one int32: the min_blocks_per_split a
+// load-aware launch chose, for its combine kernel); `total` is the size. No workspace with one
+// split.
 struct WorkspaceSections {
   int64_t m_offset, l_offset, plan_offset, total;
 };
 
 SPLITKV_HOST_DEVICE constexpr WorkspaceSections workspace_sections(int num_splits, int batch, int q_heads, int q_len,
-                                                                   int head_dim) {
+                                                                   int head_dim, bool live = false) {
   if (num_splits == 1) return WorkspaceSections{0, 0, 0, 0};
   const int64_t rows = int64_t(num_splits) * batch * q_heads * q_len;
   const int64_t o_bytes = align_up(rows * head_dim * 4);
   const int64_t ml_bytes = align_up(rows * 4);
   const int64_t plan_offset = o_bytes + 2 * ml_bytes;
-  return WorkspaceSections{o_bytes, o_bytes + ml_bytes, plan_offset, plan_offset + kWorkspaceAlign};
+  return WorkspaceSections{o_bytes, o_bytes + ml_bytes, plan_offset, plan_offset + (live ? kWorkspaceAlign : 0)};
 }
 
 // The fused merge's counters: one int32 per query tile of each (batch, KV head).
