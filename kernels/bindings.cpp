@@ -97,7 +97,9 @@ Dims checked_dims(py::handle q_obj, py::handle k_obj, py::handle v_obj) {
   const std::pair<const char*, int64_t> dims[] = {
       {"batch", d.batch}, {"q_heads", d.q_heads}, {"kv_heads", d.kv_heads}, {"q_len", d.q_len}, {"kv_len", d.kv_len}};
   for (const auto& [name, value] : dims) {
-    if (value < 1) throw py::value_error(std::string(name) + " must be a positive integer, got " + std::to_string(value));
+    if (value < 1) {
+      throw py::value_error(std::string(name) + " must be a positive integer, got " + std::to_string(value));
+    }
   }
   if (d.q_heads % d.kv_heads) {
     throw py::value_error("q_heads (" + std::to_string(d.q_heads) + ") must be a multiple of kv_heads (" +

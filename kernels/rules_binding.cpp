@@ -101,6 +101,10 @@ PYBIND11_MODULE(_rules, m) {
   live_defaults["capacity_items_per_sm"] = rules::kLiveCapacityItemsPerSm;
   live_defaults["min_max_splits"] = rules::kLiveMinMaxSplits;
   m.attr("LIVE_DEFAULTS") = live_defaults;
+  m.def("size_class", [](int blocks_per_split) {
+    if (blocks_per_split < 0) throw py::value_error("size_class needs blocks_per_split >= 0");
+    return rules::size_class(blocks_per_split);
+  }, py::arg("blocks_per_split"));
   m.def("live_plan_choices", [](int min_blocks_per_split, int block_kv) {
     if (min_blocks_per_split < 1 || block_kv < 1) {
       throw py::value_error("live_plan_choices needs min_blocks_per_split, block_kv >= 1");

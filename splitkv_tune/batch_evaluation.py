@@ -10,7 +10,8 @@ space, with each rule's knobs added as plan rows (``with_rule_plans``):
   (``baselines.live_baseline_plans``).
 
 The oracle of a batch is its fastest row of our live path (``batch_table.CANDIDATE_IMPL``: the
-space, the rules' rows, ``ours`` and ``ours_one_split`` when present); a rule's regret is ``time(rule's knobs) / oracle - 1``. The rows are matched by
+space, the rules' rows, ``ours`` and ``ours_one_split`` when present); a rule's regret is
+``time(rule's knobs) / oracle - 1``. The rows are matched by
 their knob columns (``block_kv``, ``min_blocks_per_split``, ``max_splits``, ``merge``: what the
 merge is when a sequence splits), so a rule whose knobs equal a point of the space or ``ours``
 reads that row. The summary over batches is the

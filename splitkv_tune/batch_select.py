@@ -51,7 +51,8 @@ class LiveKnobs:
 def class_distance_q(row: dict, batch: int, len_max: int, len_mean: int, page_size: int) -> int:
     """The distance of a table row's class from a batch's (see the module), in units of
     ``1 / DISTANCE_ONE``."""
-    return (PAGE_SCALE * (abs(log2_q16(row["batch"]) - log2_q16(batch)) + abs(log2_q16(row["len_max"]) - log2_q16(len_max))
+    return (PAGE_SCALE * (abs(log2_q16(row["batch"]) - log2_q16(batch))
+                          + abs(log2_q16(row["len_max"]) - log2_q16(len_max))
                           + abs(log2_q16(row["len_mean"]) - log2_q16(len_mean)))
             + abs(log2_q16(row["page_size"]) - log2_q16(page_size)))
 

@@ -299,7 +299,8 @@ def sole_writer(csv_path):
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ValueError(f"{csv_path}: another sweep-batches or evaluate-batches is writing it (it holds {lock_path}); "
+            raise ValueError(f"{csv_path}: another sweep-batches or evaluate-batches is writing it "
+                             f"(it holds {lock_path}); "
                              "wait for it, or give this one another --csv") from None
         yield
 

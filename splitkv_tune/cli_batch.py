@@ -264,13 +264,11 @@ def batch_table(csvs, gpu, output):
 def evaluate_batches(grid_path, table_path, gpu, csv_path, num_sms, report_only, out_md, out_csv):
     """Regret of the batch selector, the auto knobs and the FA2, FA3 and SGLang rules on held-out
     batches, each against the batch's oracle (the fastest point of an exhaustive search)."""
-    import csv
-
     from splitkv_tune import batch_evaluation, batch_sweep
     from splitkv_tune.batch_table_json import read_batch_table_file
     from splitkv_tune.gpu_profiles import PROFILES
     from splitkv_tune.gpus import resolve_gpu
-    from splitkv_tune.table import atomic_write_text
+    from splitkv_tune.table import atomic_write_csv, atomic_write_text
     for path, hint in ((out_md, "--out-md"), (out_csv, "--out-csv"), (csv_path, "--csv")):
         check_output(path, hint)
     grid = batch_sweep.load_batch_grid(grid_path)
@@ -306,9 +304,5 @@ def evaluate_batches(grid_path, table_path, gpu, csv_path, num_sms, report_only,
     if out_md:
         atomic_write_text(out_md, report)
     if out_csv:
-        import io
-        text = io.StringIO()
-        writer = csv.DictWriter(text, list(records[0]), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(records)
-        atomic_write_text(out_csv, text.getvalue())
+        import pandas as pd
+        atomic_write_csv(out_csv, pd.DataFrame(records))

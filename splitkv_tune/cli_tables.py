@@ -176,7 +176,8 @@ def _select_paged(shape: Shape, gpu, as_json: bool, lengths, page_size: int, bat
             _fail("--batch-table needs --lengths: the table's classes are summaries of the batch's lengths")
         from splitkv_tune.batch_select import select_live_knobs
         from splitkv_tune.batch_table_json import read_batch_table_file
-        knobs = select_live_knobs(read_batch_table_file(batch_table, gpu=gpu), dtype=shape.dtype, head_dim=shape.head_dim,
+        knobs = select_live_knobs(read_batch_table_file(batch_table, gpu=gpu), dtype=shape.dtype,
+                                  head_dim=shape.head_dim,
                                   q_heads=shape.q_heads, kv_heads=shape.kv_heads, q_len=shape.q_len,
                                   page_size=page_size, lengths=lengths, num_sms=profile.sms)
         bkv, min_blocks, bound, why = knobs.block_kv, knobs.min_blocks_per_split, knobs.max_splits, knobs.reason

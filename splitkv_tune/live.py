@@ -173,7 +173,8 @@ def _launch_knobs(device_index: int, dtype: str, batch: int, head_dim: int, kv_h
     bkv, min_blocks, bound = resolve_knobs(batch, head_dim, kv_heads, q_len * group, _device_info(device_index)[1],
                                            block_kv, min_blocks_per_split, max_splits)
     splits = _rules.live_splits(capacity, bkv, min_blocks, bound) if uniform else bound
-    choices = _rules.live_plan_choices(min_blocks, bkv) if min_blocks_per_split == "load_aware" and not uniform else 1
+    load_aware = min_blocks_per_split == "load_aware" and not uniform
+    choices = _rules.live_plan_choices(min_blocks, bkv) if load_aware else 1
     shape = Shape(dtype, head_dim, 1, kv_heads * group, kv_heads, q_len, capacity)
     return bkv, min_blocks, splits, resolve_merge(shape, Config(num_splits=splits), merge) == "fused", choices
 
@@ -200,9 +201,9 @@ def launch_args(q, k, v, *, cache_seqlens, block_table, causal, block_kv, min_bl
     q_len, head_dim = int(q.shape[1]), int(q.shape[3])
     knobs = {"block_kv": block_kv, "min_blocks_per_split": min_blocks_per_split, "max_splits": max_splits}
     block_kv, min_blocks_per_split, max_splits = (tunables.integer_or_auto(n, v) for n, v in knobs.items())
-    bkv, min_blocks, splits, fused, choices = _launch_knobs(q.device.index, _DTYPES[q.dtype], int(q.shape[0]), head_dim,
-                                                   kv_heads, q_len, group, capacity, block_kv, min_blocks_per_split,
-                                                   max_splits, cache_seqlens is None, merge)
+    bkv, min_blocks, splits, fused, choices = _launch_knobs(
+        q.device.index, _DTYPES[q.dtype], int(q.shape[0]), head_dim, kv_heads, q_len, group, capacity, block_kv,
+        min_blocks_per_split, max_splits, cache_seqlens is None, merge)
     threads = 128 if reduce_threads == "auto" else reduce_threads
     Config(reduce_threads=threads).validate()
     if check_inputs and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():

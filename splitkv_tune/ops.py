@@ -307,10 +307,10 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
     workspace (``live.workspace_size(q, max_splits)``). With
     ``min_blocks_per_split="load_aware"`` and ``cache_seqlens`` each launch chooses that knob
     from all the live lengths (the load-aware plan, ``plan.plan_min_blocks``), and a sequence's
-    bits depend on the batch. Otherwise a sequence's output bits depend only on its own q, keys, length and
-    the knobs, never on the other sequences' lengths or the table's width; the ``"auto"`` knobs
-    follow the batch size B (fixed in a captured graph), so pass them explicitly for bits that
-    do not change with B either. ``check_inputs``
+    bits depend on the batch. Otherwise a sequence's output bits depend only on its own q,
+    keys, length and the knobs, never on the other sequences' lengths or the table's width;
+    the ``"auto"`` knobs follow the batch size B (fixed in a captured graph), so pass them
+    explicitly for bits that do not change with B either. ``check_inputs``
     (default True): read the lengths and the table to the host and raise ``ValueError`` for
     a length above the capacity or a live page outside the pool;
     skipped under CUDA-graph capture and ``torch.compile``, and when False (then a wrong table

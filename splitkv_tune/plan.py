@@ -159,14 +159,21 @@ def live_splits(live_len: int, block_kv: int, min_blocks_per_split: int, max_spl
     return _rules.live_splits(live_len, block_kv, min_blocks_per_split, max_splits)
 
 
+def check_ctas(ctas, name: str = "ctas") -> None:
+    """``ValueError`` naming ``name`` unless ``ctas`` is a launch's CTA count, in ``[1, MAX_CTAS]``."""
+    if not isinstance(ctas, int) or isinstance(ctas, bool) or not 1 <= ctas <= MAX_CTAS:
+        raise ValueError(f"{name} must be an integer in [1, {MAX_CTAS}] (the launch's CTAs), got {ctas!r}")
+
+
 def plan_min_blocks(lengths, *, kv_heads: int, packed_rows: int, ctas: int, block_kv: int,
                     min_blocks_per_split: int, max_splits: int) -> int:
     """The load-aware plan's knob (rules.h ``live_plan_min_blocks``): what a launch of ``ctas``
     CTAs whose ``min_blocks_per_split`` is ``"load_aware"`` (its base resolved to
-    ``min_blocks_per_split``, as ``"auto"`` resolves) uses for these live lengths: that knob times 1, 2, 4, ... (``_rules.live_plan_choices``),
-    the one whose schedule finishes first by the rule's estimate, and the knob itself unless
-    another gains 5%. Splits of about one item per CTA for a batch of equal lengths, finer ones
-    where a few long sequences leave CTAs to fill.
+    ``min_blocks_per_split``, as ``"auto"`` resolves) uses for these live lengths: that knob
+    times 1, 2, 4, ... (``_rules.live_plan_choices``), the one whose schedule finishes first by
+    the rule's estimate, and the knob itself unless another gains 5%. Splits of about one item
+    per CTA for a batch of equal lengths, finer ones where a few long sequences leave CTAs to
+    fill.
 
     >>> [plan_min_blocks(lengths, kv_heads=8, packed_rows=4, ctas=264, block_kv=64,
     ...                  min_blocks_per_split=16, max_splits=33)
@@ -176,8 +183,7 @@ def plan_min_blocks(lengths, *, kv_heads: int, packed_rows: int, ctas: int, bloc
     if not lengths:
         raise ValueError("lengths must name at least one sequence")
     check_plan_knobs(block_kv, min_blocks_per_split, max_splits)
-    if not isinstance(ctas, int) or isinstance(ctas, bool) or not 1 <= ctas <= MAX_CTAS:
-        raise ValueError(f"ctas must be an integer in [1, {MAX_CTAS}], got {ctas!r}")
+    check_ctas(ctas)
     tiles = kv_heads * _rules.num_m_blocks(packed_rows)
     choices = _rules.live_plan_choices(min_blocks_per_split, block_kv)
     return _rules.live_plan_min_blocks(list(lengths), tiles, ctas, block_kv, min_blocks_per_split, max_splits,

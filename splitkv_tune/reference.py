@@ -301,9 +301,7 @@ def _live_batch_ref(q, k, v, causal, softmax_scale, num_splits, block_kv, return
     batch = plan.check_live_batch(q, k, cache_seqlens, block_table)
     _, q_len, q_heads, _ = q.shape
     if plan_ctas is not None:
-        if not isinstance(plan_ctas, int) or isinstance(plan_ctas, bool) or not 1 <= plan_ctas <= plan.MAX_CTAS:
-            raise ValueError(f"plan_ctas must be an integer in [1, {plan.MAX_CTAS}] (the launch's CTAs), "
-                             f"got {plan_ctas!r}")
+        plan.check_ctas(plan_ctas, "plan_ctas")
     if plan_ctas is not None and cache_seqlens is not None:
         min_blocks_per_split = plan.plan_min_blocks(batch.lengths, kv_heads=k.shape[2],
                                                     packed_rows=q_len * (q_heads // k.shape[2]), ctas=plan_ctas,

@@ -94,3 +94,10 @@ def test_split_range_rejects_bad_arguments():
         _rules.split_range(POLICIES["blocks"], 3, 3, 100, 100, 32)
     with pytest.raises(ValueError, match="policy"):
         _rules.split_range(7, 0, 3, 100, 100, 32)
+
+
+def test_size_classes_are_octaves_of_blocks_per_split():
+    """Class c holds splits of [2^(31-c), 2^(32-c)) blocks; an empty split shares class 31."""
+    assert [_rules.size_class(n) for n in (0, 1, 2, 3, 4, 1 << 26)] == [31, 31, 30, 30, 29, 5]
+    with pytest.raises(ValueError, match="blocks_per_split >= 0"):
+        _rules.size_class(-1)

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import minimize
 
-from splitkv_tune import live, plan
+from splitkv_tune import _rules, live, plan
 from splitkv_tune.batches import parse_lengths
 
 BLOCK_KV = 64
@@ -36,17 +36,18 @@ def _rows(paths) -> pd.DataFrame:
     d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
     d = d[(d["status"] == "ok") & (d["block_kv"] == BLOCK_KV) & (d["merge"] == "fused")
           & ((d["impl"] == "ours") | d["impl"].str.match(r"ours_m\d+_s\d+(_fused)?$"))]
-    return d.drop_duplicates(["label", "q_heads", "kv_heads", "min_blocks_per_split", "max_splits"]).reset_index(drop=True)
+    keys = ["label", "q_heads", "kv_heads", "min_blocks_per_split", "max_splits"]
+    return d.drop_duplicates(keys).reset_index(drop=True)
 
 
 def _items(lengths, kv_heads: int, min_blocks: int, max_splits: int) -> list[tuple[int, int, int]]:
-    """(tile, splits, blocks) per work item, in the kernel's order (tile_scheduler.h)."""
+    """(tile, splits, blocks) per work item of a decode batch (one query tile per KV head), in
+    the kernel's order (tile_scheduler.h: size class, then batch order)."""
     seqs = []
     for b, n in enumerate(lengths):
-        share = plan._rules.live_splits(n, BLOCK_KV, min_blocks, max_splits)
+        splits = plan.live_splits(n, BLOCK_KV, min_blocks, max_splits)
         blocks = -(-n // BLOCK_KV)
-        per = -(-blocks // share)
-        seqs.append((31 if per <= 1 else 32 - per.bit_length(), b, share, blocks))
+        seqs.append((_rules.size_class(-(-blocks // splits)), b, splits, blocks))
     seqs.sort()
     return [(b * kv_heads + h, s, (i + 1) * nb // s - i * nb // s)
             for _, b, s, nb in seqs for i in range(s) for h in range(kv_heads)]
@@ -85,7 +86,8 @@ def fit(paths, ctas: int) -> None:
     t0, a, b, rho, m = result.x
     print(f"{len(d)} rows: t0 {t0:.2f} µs, a {a:.2f} µs/item, b {b:.3f} µs/block, rho {rho:.3f}, m {m:.2f} µs; "
           f"RMS log error {np.sqrt(result.fun):.3f}")
-    print(f"item cost {a / b:.2f} blocks of {BLOCK_KV} keys ({a / b * BLOCK_KV:.0f} keys), rate floor {rho * 16:.1f}/16")
+    print(f"item cost {a / b:.2f} blocks of {BLOCK_KV} keys ({a / b * BLOCK_KV:.0f} keys), "
+          f"rate floor {rho * 16:.1f}/16")
     d = d.assign(model=[_time(result.x, it, ctas) for it in items])
     hits = sum(g.loc[g["model"].idxmin(), "median_us"] <= 1.02 * g["median_us"].min()
                for _, g in d.groupby(["label", "kv_heads"]))
@@ -97,15 +99,17 @@ def check(paths, ctas: int, sms: int) -> None:
     d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
     d = d[(d["status"] == "ok") & (d["block_kv"] == BLOCK_KV)]
     rows = []
-    for (label, q_heads, kv_heads), g in d.groupby(["label", "q_heads", "kv_heads"]):
+    heads = ["head_dim", "q_heads", "kv_heads", "q_len"]
+    for (label, head_dim, q_heads, kv_heads, q_len), g in d.groupby(["label", *heads]):
         lengths = parse_lengths(label)
         rows_per_knob = {(int(r.min_blocks_per_split), int(r.max_splits)): r.median_us
                          for r in g.itertuples() if r.impl.startswith("ours_m")}
-        _, knob, bound = live.resolve_knobs(len(lengths), 128, int(kv_heads), int(q_heads // kv_heads), sms)
+        rows_of_head = int(q_len) * int(q_heads // kv_heads)
+        _, knob, bound = live.resolve_knobs(len(lengths), int(head_dim), int(kv_heads), rows_of_head, sms)
         bounds = sorted({s for _, s in rows_per_knob})
         nearest = min(bounds, key=lambda s: abs(s - bound))
-        chosen = plan.plan_min_blocks(lengths, kv_heads=int(kv_heads), packed_rows=int(q_heads // kv_heads),
-                                      ctas=ctas, block_kv=BLOCK_KV, min_blocks_per_split=knob, max_splits=bound)
+        chosen = plan.plan_min_blocks(lengths, kv_heads=int(kv_heads), packed_rows=rows_of_head, ctas=ctas,
+                                      block_kv=BLOCK_KV, min_blocks_per_split=knob, max_splits=bound)
         rows.append({"batch": label, "kv_heads": kv_heads, "knob": knob, "chosen": chosen,
                      "at_knob": rows_per_knob.get((knob, nearest)), "at_choice": rows_per_knob.get((chosen, nearest)),
                      "best": min(rows_per_knob.values())})

@@ -131,17 +131,16 @@ class LiveScheduler {
     min_blocks_ = p.min_blocks_per_split;
     if (p.plan_choices <= 1) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    long long blocks = 0;
+    long long blocks = 0;  // the batch's live blocks, summed in the warp's first pass
     for (int j = warp; j < p.plan_choices; j += kNWarps) {
       rules::LivePlanTally& t = tallies_[j];
       t.splits[lane] = 0;
       t.max_blocks[lane] = 0;
       __syncwarp();
-      blocks = 0;
       for (int i0 = 0; i0 < p.batch; i0 += 32) {
         const bool valid = i0 + lane < p.batch;
         const int len = valid ? __ldg(p.seqlens + i0 + lane) : 0;
-        blocks += __reduce_add_sync(0xffffffffu, unsigned(rules::ceil_div(len, kBlockKV)));
+        if (j == warp) blocks += __reduce_add_sync(0xffffffffu, unsigned(rules::ceil_div(len, kBlockKV)));
         const rules::LivePlanShare share =
             rules::live_plan_share(len, kBlockKV, p.min_blocks_per_split << j, p.num_splits);
         const int c = valid ? share.size_class : rules::kSizeClasses;
@@ -150,7 +149,8 @@ class LiveScheduler {
           const int leader = __ffs(left) - 1;
           const bool mine = c == __shfl_sync(0xffffffffu, c, leader);
           const int splits = __reduce_add_sync(0xffffffffu, mine ? share.splits : 0);
-          const unsigned largest = __reduce_max_sync(0xffffffffu, mine ? unsigned(share.blocks_per_split) : 0u);
+          const unsigned largest =
+              __reduce_max_sync(0xffffffffu, mine ? unsigned(share.blocks_per_split) : 0u);
           if (lane == leader) {
             atomicAdd(&t.splits[c], splits);
             atomicMax(&t.max_blocks[c], int(largest));
@@ -159,7 +159,8 @@ class LiveScheduler {
         }
       }
       __syncwarp();
-      const int64_t estimate = warp_estimate<kBlockKV>(t, blocks, p.kv_heads * p.num_m_blocks, int(gridDim.x), lane);
+      const int64_t estimate =
+          warp_estimate<kBlockKV>(t, blocks, p.kv_heads * p.num_m_blocks, int(gridDim.x), lane);
       if (lane == 0) estimates_[j] = estimate;
     }
     __syncthreads();
@@ -185,9 +186,7 @@ class LiveScheduler {
     const int items = __shfl_sync(0xffffffffu, upto, 31);
     const int largest = int(__reduce_max_sync(0xffffffffu, unsigned(t.max_blocks[lane])));
     const int64_t rate = rules::live_plan_rate(items, ctas);
-    int64_t finish = blocks * tiles * rate + int64_t(items) * (16 * rules::kLivePlanItemKeys / kBlockKV);
-    const int64_t longest = int64_t(ctas) * rules::live_plan_item_time(largest, rate, kBlockKV);
-    finish = finish > longest ? finish : longest;
+    int64_t finish = rules::live_plan_base(blocks, tiles, items, largest, rate, ctas, kBlockKV);
     // Wave k's class: the first whose running count exceeds k * ctas (a binary search over the
     // lanes' counts, each lane its own k).
     const int k = lane + 1;
@@ -204,12 +203,13 @@ class LiveScheduler {
     }
     const int wave_blocks = __shfl_sync(0xffffffffu, t.max_blocks[lane], lo);
     if (k <= rules::kLivePlanMaxWaves && rank < items) {
-      const int64_t bound = int64_t(ctas) * (k + 1) * rules::live_plan_item_time(wave_blocks, rate, kBlockKV);
+      const int64_t bound = rules::live_plan_wave_bound(k, wave_blocks, rate, ctas, kBlockKV);
       finish = finish > bound ? finish : bound;
     }
     // The warp's largest (non-negative) value: high words first, then the low words among them.
     const unsigned high = __reduce_max_sync(0xffffffffu, unsigned(uint64_t(finish) >> 32));
-    const unsigned low = __reduce_max_sync(0xffffffffu, unsigned(uint64_t(finish) >> 32) == high ? unsigned(finish) : 0u);
+    const unsigned low =
+        __reduce_max_sync(0xffffffffu, unsigned(uint64_t(finish) >> 32) == high ? unsigned(finish) : 0u);
     return int64_t((uint64_t(high) << 32) | low);
   }
 

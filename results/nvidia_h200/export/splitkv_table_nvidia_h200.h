@@ -258,8 +258,9 @@ SPLITKV_HOST_DEVICE constexpr int size_class(int blocks_per_split) {
 // about 2 us before its first item, which is why it is not the "auto" knob (docs/PERFORMANCE.md).
 //
 // The estimate is a list-scheduling bound on the CTAs' finishing time: an item of p blocks
-// costs p * rate + kLivePlanItemKeys / block_kv blocks; the rate is 1 when the items fill the grid and falls to kLivePlanRateFloor16 / 16 as they leave
-// CTAs idle (fewer CTAs share the bandwidth); and the finish is at least the mean load per CTA,
+// costs p * rate + kLivePlanItemKeys / block_kv blocks; the rate is 1 when the items fill the
+// grid and falls to kLivePlanRateFloor16 / 16 as they leave CTAs idle (fewer CTAs share the
+// bandwidth); and the finish is at least the mean load per CTA,
 // the largest item, and, for each wave k the items spill into, k + 1 items of the size at rank
 // k x CTAs (some CTA holds k + 1 of the first k x CTAs + 1 items; the largest item of that
 // size class stands for it). The constants come from fitting that schedule to 409 H200 timings
@@ -293,7 +294,8 @@ struct LivePlanShare {
   int size_class, splits, blocks_per_split;
 };
 
-SPLITKV_HOST_DEVICE constexpr LivePlanShare live_plan_share(int live_len, int block_kv, int min_blocks, int max_splits) {
+SPLITKV_HOST_DEVICE constexpr LivePlanShare live_plan_share(int live_len, int block_kv, int min_blocks,
+                                                             int max_splits) {
   const int splits = live_splits(live_len, block_kv, min_blocks, max_splits);
   const int per_split = ceil_div(ceil_div(live_len, block_kv), splits);
   return LivePlanShare{size_class(per_split), splits, per_split};
@@ -307,15 +309,36 @@ SPLITKV_HOST_DEVICE constexpr int live_plan_rate(int64_t items, int64_t ctas) {
   return rate < kLivePlanRateFloor16 ? kLivePlanRateFloor16 : rate;
 }
 
+// An item's own cost, beside its keys.
+SPLITKV_HOST_DEVICE constexpr int64_t live_plan_item_cost(int block_kv) {
+  return 16 * int64_t(kLivePlanItemKeys) / block_kv;
+}
+
 // One item of `blocks` blocks at that rate, its own cost included.
 SPLITKV_HOST_DEVICE constexpr int64_t live_plan_item_time(int64_t blocks, int64_t rate, int block_kv) {
-  return blocks * rate + 16 * int64_t(kLivePlanItemKeys) / block_kv;
+  return blocks * rate + live_plan_item_cost(block_kv);
+}
+
+// The estimate's bounds that need no order of the items, times ctas: the mean load per CTA of
+// `items` items over the batch's `blocks` blocks (per query tile and KV head; tiles of each), and
+// the largest item's time.
+SPLITKV_HOST_DEVICE constexpr int64_t live_plan_base(int64_t blocks, int64_t tiles, int64_t items, int largest,
+                                                     int64_t rate, int64_t ctas, int block_kv) {
+  const int64_t load = blocks * tiles * rate + items * live_plan_item_cost(block_kv);
+  const int64_t longest = ctas * live_plan_item_time(largest, rate, block_kv);
+  return load > longest ? load : longest;
+}
+
+// Wave k's bound, times ctas: k + 1 items of wave_blocks blocks on one CTA.
+SPLITKV_HOST_DEVICE constexpr int64_t live_plan_wave_bound(int k, int wave_blocks, int64_t rate, int64_t ctas,
+                                                           int block_kv) {
+  return ctas * (k + 1) * live_plan_item_time(wave_blocks, rate, block_kv);
 }
 
 // The estimate of one choice, times ctas (so that it needs no division; the choices of a launch
 // share ctas): the batch's `blocks` live blocks in all (sum of ceil(len / block_kv)); tiles =
 // kv_heads * query tiles per sequence, ctas = the launch's grid. In int64: the launch has under
-// 2^30 items (bindings.cpp) of at most 2^26 blocks, and at most 2^17 CTAs.
+// 2^30 items (bindings.cpp) of at most 2^26 blocks, and at most kMaxLiveCtas (2^21) CTAs.
 SPLITKV_HOST_DEVICE constexpr int64_t live_plan_estimate(const LivePlanTally& t, int64_t blocks, int64_t tiles,
                                                          int64_t ctas, int block_kv) {
   int64_t items = 0;
@@ -325,15 +348,13 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_plan_estimate(const LivePlanTally& t,
     largest = largest > t.max_blocks[c] ? largest : t.max_blocks[c];
   }
   const int64_t rate = live_plan_rate(items, ctas);
-  int64_t finish = blocks * tiles * rate + items * (16 * int64_t(kLivePlanItemKeys) / block_kv);
-  const int64_t longest = ctas * live_plan_item_time(largest, rate, block_kv);
-  finish = finish > longest ? finish : longest;
+  int64_t finish = live_plan_base(blocks, tiles, items, largest, rate, ctas, block_kv);
   // Wave k's rank k * ctas lies in the class where the running count of items passes it.
   int64_t before = 0;
   int c = 0;
   for (int k = 1; k <= kLivePlanMaxWaves && int64_t(k) * ctas < items; ++k) {
     while (before + int64_t(t.splits[c]) * tiles <= int64_t(k) * ctas) before += int64_t(t.splits[c++]) * tiles;
-    const int64_t bound = ctas * (k + 1) * live_plan_item_time(t.max_blocks[c], rate, block_kv);
+    const int64_t bound = live_plan_wave_bound(k, t.max_blocks[c], rate, ctas, block_kv);
     finish = finish > bound ? finish : bound;
   }
   return finish;
