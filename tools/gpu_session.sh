@@ -8,7 +8,8 @@
 # (~3 min); evaluate: selector regret on the GPU (~2 min); breakdown: kernel time per call
 # (~1.5 min); compare: quick grid and causal prefill against the peers (~6 min); compare-batch:
 # the paged kernel on the issue's skewed batches and a uniform one vs FlashInfer and padded cuDNN
-# SDPA (~5 min, FlashInfer's JIT included; compare_batch.md/.csv); compare-batch-small: single
+# SDPA (~5 min, FlashInfer's JIT included; compare_batch.md/.csv); profile-live: Nsight
+# Compute's warp stalls by source line on a few paged launches (~2.5 min); compare-batch-small: single
 # sequences, 64 x 2K and a log-normal batch vs FlashInfer (~2 min); batch-sweep: sweep-batches
 # over configs/batches.yaml or $BATCH_GRID (~8 min, resumable; BATCH_SWEEP_TIMEOUT); batch-evaluate: the batch
 # table, then evaluate-batches on configs/batches_holdout.yaml (~4 min); dense-part: a part of
@@ -54,9 +55,29 @@ for mode in "$@"; do
   case "$mode" in
     test)
       date -u | tee "$out/gpu_tests.log"
+      # The whole report goes to the log (the first failure's traceback included); the screen
+      # gets its end.
       SPLITKV_REQUIRE_GPU=1 timeout 300 python3 -m pytest -q -p no:cacheprovider --no-header -rf \
         tests/test_kernel_gpu.py tests/test_paged_gpu.py tests/test_ops_validation_gpu.py tests/test_bench_gpu.py tests/test_default_call_gpu.py \
-        tests/test_build.py::test_extension_matches_tunables 2>&1 | tail -15 | tee -a "$out/gpu_tests.log"
+        tests/test_build.py::test_extension_matches_tunables >>"$out/gpu_tests.log" 2>&1
+      tail -15 "$out/gpu_tests.log"
+      ;;
+    profile-live)
+      # Nsight Compute on one launch of each case ("LENGTHS KNOBS", tools/profile_live.py;
+      # $PROFILE_CASES, '|'-separated): durations and occupancy (details_*.csv), warp stalls by
+      # source line (source_*.csv, summed up in profile_live.log), ~20 s a case.
+      IFS='|' read -ra cases <<<"${PROFILE_CASES:-4096 auto|4096 load_aware|4096 equal:16|uniform:16:8192 auto|uniform:16:8192 64:64|uniform:16:8192 equal:8|skewed:16:65536:1024 auto}"
+      for c in "${cases[@]}"; do
+        set -- $c
+        name=$(echo "$1_$2" | tr ':' '-')
+        timeout 120 ncu --clock-control none --cache-control none -k regex:split_kv --launch-skip 12 --launch-count 1 \
+          --section SpeedOfLight --section WarpStateStats --section SourceCounters --section LaunchStats \
+          --section Occupancy --import-source yes -f -o "$out/prof_$name" \
+          python3 tools/profile_live.py --lengths "$1" --knobs "$2" >>"$out/ncu.log" 2>&1
+        ncu -i "$out/prof_$name.ncu-rep" --page details --csv >"$out/details_$name.csv" 2>>"$out/ncu.log"
+        ncu -i "$out/prof_$name.ncu-rep" --page source --csv --print-source cuda,sass >"$out/source_$name.csv" 2>>"$out/ncu.log"
+        python3 tools/ncu_source_summary.py "$out/source_$name.csv" --top 15 | tee -a "$out/profile_live.log"
+      done
       ;;
     merge-ab)
       # The combine kernel against the fused merge, side by side in one process per shape.
@@ -164,7 +185,7 @@ for mode in "$@"; do
         --dtype ${part%%_*} --head-dim ${part##*_d} --sampler tpe --trials 24 --out "$dir" --no-progress \
         $( [ -f "$dir/optuna.journal" ] && echo --resume ) 2>&1 | tail -8 | tee -a "$out/dense_part.log"
       ;;
-    *) echo "usage: $0 MODE... (test, head-dims, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, batch-sweep, batch-evaluate, dense-part)" >&2; exit 2 ;;
+    *) echo "usage: $0 MODE... (test, head-dims, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, profile-live, batch-sweep, batch-evaluate, dense-part)" >&2; exit 2 ;;
   esac
   pack
 done
