@@ -302,11 +302,10 @@ def _live_batch_ref(q, k, v, causal, softmax_scale, num_splits, block_kv, return
     _, q_len, q_heads, _ = q.shape
     if plan_ctas is not None:
         plan.check_ctas(plan_ctas, "plan_ctas")
-    if plan_ctas is not None and cache_seqlens is not None:
-        min_blocks_per_split = plan.plan_min_blocks(batch.lengths, kv_heads=k.shape[2],
-                                                    packed_rows=q_len * (q_heads // k.shape[2]), ctas=plan_ctas,
-                                                    block_kv=block_kv, min_blocks_per_split=min_blocks_per_split,
-                                                    max_splits=max_splits)
+        if cache_seqlens is not None:  # without it every sequence holds the capacity: the knob as given
+            min_blocks_per_split = plan.plan_min_blocks(
+                batch.lengths, kv_heads=k.shape[2], packed_rows=q_len * (q_heads // k.shape[2]), ctas=plan_ctas,
+                block_kv=block_kv, min_blocks_per_split=min_blocks_per_split, max_splits=max_splits)
     counts = plan.split_counts(batch, block_kv, min_blocks_per_split, max_splits)
     lse_dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     outs, lses = [], []

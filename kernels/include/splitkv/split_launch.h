@@ -32,16 +32,26 @@ int live_static_smem_bytes() {
   return int(attributes.sharedSizeBytes);
 }
 
-// CTAs of a paged / variable-length launch on the current device (rules::live_grid): the
-// persistent grid that the load-aware plan divides the batch's work among.
+// Dynamic shared memory of a paged / variable-length launch: the kernel's own, then the schedule.
+template <class Traits>
+int live_smem_bytes(const SplitParams& p) {
+  return Traits::kSmemBytes + rules::live_schedule_bytes(p.batch, p.plan_choices);
+}
+
+// CTAs of a paged / variable-length launch on `device` (rules::live_grid): the persistent grid
+// that the load-aware plan divides the batch's work among.
+template <class Traits>
+int64_t live_grid_on(const SplitParams& p, int device) {
+  const int64_t capacity = rules::live_work_capacity(p.batch, p.kv_heads, p.packed_rows, p.num_splits);
+  return rules::live_grid(capacity, sm_count(device), live_ctas_per_sm<Traits>(device, live_smem_bytes<Traits>(p)));
+}
+
+// The same on the current device.
 template <typename Element, int kHeadDim, int kBlockM, int kBlockKV>
 int live_grid(const SplitParams& p) {
-  using Traits = SplitKernelTraits<kHeadDim, kBlockM, kBlockKV, Element>;
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  const int smem = Traits::kSmemBytes + rules::live_schedule_bytes(p.batch, p.plan_choices);
-  const int64_t capacity = rules::live_work_capacity(p.batch, p.kv_heads, p.packed_rows, p.num_splits);
-  return int(rules::live_grid(capacity, sm_count(device), live_ctas_per_sm<Traits>(device, smem)));
+  return int(live_grid_on<SplitKernelTraits<kHeadDim, kBlockM, kBlockKV, Element>>(p, device));
 }
 
 template <typename Element, int kHeadDim, int kBlockM, int kBlockKV>
@@ -49,7 +59,7 @@ void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmat
   using Traits = SplitKernelTraits<kHeadDim, kBlockM, kBlockKV, Element>;
   const bool live = p.seqlens != nullptr;
   auto kernel = live ? &split_kv_live_kernel<Traits> : &split_kv_kernel<Traits>;
-  const int smem = Traits::kSmemBytes + (live ? rules::live_schedule_bytes(p.batch, p.plan_choices) : 0);
+  const int smem = live ? live_smem_bytes<Traits>(p) : Traits::kSmemBytes;
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   if (live) {
@@ -75,7 +85,7 @@ void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmat
       if (limit != nullptr) *limit = smem;
     }
   }
-  const dim3 grid = live ? dim3(unsigned(live_grid<Element, kHeadDim, kBlockM, kBlockKV>(p)))
+  const dim3 grid = live ? dim3(unsigned(live_grid_on<Traits>(p, device)))
                          : dim3(p.num_m_blocks, p.batch * p.kv_heads, p.num_splits);
   launch_kernel(kernel, p, grid, dim3(Traits::kNThreads), smem, stream, programmatic, "split kernel launch");
 }
