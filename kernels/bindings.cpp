@@ -18,6 +18,7 @@
 
 #include "splitkv/dispatch.h"
 #include "splitkv/launch_utils.h"
+#include "splitkv/live_check.h"
 #include "splitkv/rules.h"
 #include "splitkv/tunables.h"
 #include "splitkv/counter_pool.h"
@@ -390,6 +391,38 @@ py::object attention(py::handle q, py::handle k, py::handle v, py::handle causal
   return py::make_tuple(out, lse);
 }
 
+// The value checks of check_inputs=True (live_check.h) on the current stream of the tensors'
+// device, whose dtypes, ranks and shapes plan.check_live_args checked. Waits for the GPU:
+// returns the first bad entry's key, or -1.
+int64_t live_check(py::handle seqlens_obj, py::handle block_table_obj, int batch, int capacity, int page_size,
+                   int num_pages) {
+  const bool live = !seqlens_obj.is_none();
+  const bool paged = !block_table_obj.is_none();
+  if (!live && !paged) return -1;
+  const at::Tensor seqlens = live ? THPVariable_Unpack(seqlens_obj.ptr()).contiguous() : at::Tensor();
+  const at::Tensor block_table = paged ? THPVariable_Unpack(block_table_obj.ptr()) : at::Tensor();
+  const at::Tensor& any = live ? seqlens : block_table;
+  const c10::cuda::CUDAGuard guard(any.device());
+  const int device = any.device().index();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const at::Tensor first_bad = at::empty({1}, any.options().dtype(at::kLong));
+  check_cuda(cudaMemsetAsync(first_bad.data_ptr(), 0xff, sizeof(int64_t), stream), "live_check reset");
+  LiveCheckParams p;
+  p.seqlens = live ? seqlens.data_ptr<int>() : nullptr;
+  if (paged) {
+    p.block_table = block_table.data_ptr<int>();
+    p.table_row_stride = block_table.stride(0);
+    p.table_width = int(block_table.size(1));
+  }
+  p.batch = batch;
+  p.capacity = capacity;
+  p.page_size = page_size;
+  p.num_pages = num_pages;
+  p.first_bad = reinterpret_cast<unsigned long long*>(first_bad.data_ptr<int64_t>());
+  run_live_check(p, sm_count(device), stream);
+  return first_bad.item<int64_t>();
+}
+
 // The combine kernel alone on fp32 partials O [S, B, Hkv, Sq*G, D], m and l [S, B, Hkv, Sq*G]
 // (contiguous, checked by ops.combine_partials) into out (B, Sq, Hkv*G, D) and lse (B, Hkv*G, Sq).
 void combine(const at::Tensor& o_part, const at::Tensor& m, const at::Tensor& l, const at::Tensor& out,
@@ -411,6 +444,7 @@ PYBIND11_MODULE(_C, m) {
         "Forget the eager call's plans (selector.clear_lookup_caches calls it after the tables change)");
   m.def("forward", &forward, "Launch the split kernel (and the combine kernel) for checked inputs");
   m.def("read_eager_counters", &read_eager_counters, "The fused merge's eager counters of (device, stream)");
+  m.def("live_check", &live_check, "check_inputs' value checks of a paged / variable-length call on the device");
   m.def("combine", &combine, "Launch the combine kernel alone on fp32 partials");
   m.def("live_grid", [](int device, int dtype, int head_dim, int batch, int kv_heads, int packed_rows,
                         int block_kv, int max_splits, int plan_choices) {

@@ -110,6 +110,9 @@ def _plan_space(ctx, param, value):
                    "are; block_kvs not built at --head-dim and points already given by --plan are left out.")
 @click.option("--wider", multiple=True, type=click.IntRange(2, 1024),
               help="Also time ours behind a block table this many times wider (ours_wide<N>).")
+@click.option("--eager", is_flag=True,
+              help="Also time each implementation's eager loop and host cost per call (ours as called by "
+                   "default, check_inputs=True): columns eager_us and host_us.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False, allow_dash=True),
               help="Also write the rows here; - prints them as CSV instead of the report.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON instead of the report.")
@@ -117,7 +120,7 @@ def _plan_space(ctx, param, value):
               help="Also write the markdown report here.")
 @exit_2_on_bad_input
 def compare_batch(batches, page_size, q_heads, kv_heads, head_dim, q_len, dtype, peers, one_split,
-                  plans, plan_space, wider, csv_path, as_json, md_path):
+                  plans, plan_space, wider, eager, csv_path, as_json, md_path):
     """Ours vs FlashInfer and padded cuDNN SDPA on paged, variable-length batches."""
     from splitkv_tune import compare_batch as compare_batch_mod
     from splitkv_tune.tunables import Shape
@@ -140,7 +143,7 @@ def compare_batch(batches, page_size, q_heads, kv_heads, head_dim, q_len, dtype,
     results = compare_batch_mod.run_compare_batches(
         [text for text, _ in batches], q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
         q_len=q_len, dtype=dtype, page_size=page_size, peers=peer_list, one_split=one_split,
-        plans=plan_knobs, wider=wider, progress=lambda text: click.echo(f"batch {text} ...", err=True))
+        plans=plan_knobs, wider=wider, eager=eager, progress=lambda text: click.echo(f"batch {text} ...", err=True))
     markdown = compare_batch_mod.markdown_report(results)
     from splitkv_tune import table
     if csv_path and csv_path != STDOUT:

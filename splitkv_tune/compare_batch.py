@@ -40,7 +40,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import pandas as pd
 import torch
@@ -65,6 +65,9 @@ COLUMNS = [
     "kv_heads", "head_dim", "q_len", "dtype", "impl", "status", "median_us", "p20_us", "p80_us",
     "n", "method", "input_sets", "x_floor", "ours_speedup", "floor_us", "live_kv_bytes",
     "copy_bw_gbps", "max_abs_err", "check", "note", "reason"] + KNOB_COLUMNS
+# With eager timing (run_compare_batch(eager=True)), after all others: a batch sweep's CSV keeps
+# COLUMNS.
+EAGER_COLUMNS = ["host_us", "eager_us"]
 
 
 def check_peers(peers) -> None:
@@ -80,17 +83,33 @@ def our_attention(q, k_cache, v_cache, **kwargs):
     return ops.splitkv_attention(q, k_cache, v_cache, **kwargs)
 
 
-def _ours(sets: list[paged_batch.PagedBatch], **knobs) -> tuple[Callable, list[Callable]]:
-    """The checked first call (lengths validated on the host) and one timed call per set."""
+class Calls(NamedTuple):
+    """One implementation's calls: the untimed first (its output is checked), one per input set
+    for graph replay and for the host cost, and one per set for the eager loop (the call as a
+    user makes it: ours checks its inputs there, as by default; a check waits for the GPU, so
+    its host cost is timed on the unchecked calls)."""
+
+    first: Callable
+    timed: list[Callable]
+    eager: list[Callable]
+
+
+def _calls(first: Callable, timed: list[Callable], eager: list[Callable] | None = None) -> Calls:
+    return Calls(first, timed, timed if eager is None else eager)
+
+
+def _ours(sets: list[paged_batch.PagedBatch], **knobs) -> Calls:
+    """The checked first call (lengths and pages validated), one unchecked call per set (a
+    captured call checks nothing) and one checked call per set for the eager loop."""
     def call(s, check_inputs):
         return functools.partial(our_attention, s.q, s.k_pool, s.v_pool,
                                  cache_seqlens=s.cache_seqlens, block_table=s.block_table,
                                  check_inputs=check_inputs, **knobs)
-    return call(sets[0], True), [call(s, False) for s in sets]
+    return _calls(call(sets[0], True), [call(s, False) for s in sets], [call(s, True) for s in sets])
 
 
 def _ours_contiguous(sets: list[paged_batch.PagedBatch], uniform_splits: int | None = None,
-                     **knobs) -> tuple[Callable, list[Callable]]:
+                     **knobs) -> Calls:
     """Our kernel on the same batch in a contiguous cache, ``(B, max_len, Hkv, D)``: with the
     live lengths (``uniform_splits`` None), or, for a batch of equal lengths, as an equal-length
     call without them (``num_splits=uniform_splits``, or the table's ``"auto"`` when 0)."""
@@ -104,7 +123,8 @@ def _ours_contiguous(sets: list[paged_batch.PagedBatch], uniform_splits: int | N
             return functools.partial(our_attention, s.q, *kv)
         return functools.partial(our_attention, s.q, *kv, num_splits=uniform_splits, split_policy="blocks",
                                  **knobs)
-    return call(sets[0], padded[0], True), [call(s, kv, False) for s, kv in zip(sets, padded)]
+    return _calls(call(sets[0], padded[0], True), [call(s, kv, False) for s, kv in zip(sets, padded)],
+                  [call(s, kv, True) for s, kv in zip(sets, padded)])
 
 
 def _memory_problem(needs: int, device, what: str) -> str | None:
@@ -118,7 +138,7 @@ def _memory_problem(needs: int, device, what: str) -> str | None:
     return None
 
 
-def _ours_widened(sets: list[paged_batch.PagedBatch], mult: int) -> tuple[Callable, list[Callable]]:
+def _ours_widened(sets: list[paged_batch.PagedBatch], mult: int) -> Calls:
     return _ours([s.widened(mult) for s in sets])
 
 
@@ -164,12 +184,12 @@ def _flashinfer_run(launch: pf.Launch, s: paged_batch.PagedBatch) -> Callable:
     return run
 
 
-def _flashinfer(name, shape, scale, sets) -> tuple[Callable, list[Callable]]:
+def _flashinfer(name, shape, scale, sets) -> Calls:
     first = sets[0]
     launch = pf.paged_launcher(name, shape, scale, first.flashinfer,
                                block_table=first.block_table, seq_lens=first.cache_seqlens)
     fns = [_flashinfer_run(launch, s) for s in sets]
-    return fns[0], fns
+    return _calls(fns[0], fns)
 
 
 def _padded_bytes(shape: Shape) -> int:
@@ -182,30 +202,49 @@ def _sdpa_needs(shape: Shape, device) -> int:
     return _padded_bytes(shape) * (bench.sets_for_bytes(_padded_bytes(shape), device) + 1)
 
 
-def _sdpa(shape, scale, sets, device) -> tuple[Callable, list[Callable]]:
+def _sdpa(shape, scale, sets, device) -> Calls:
     make = compare.peer_factory("sdpa_cudnn", shape, scale)
     k_pad, v_pad = sets[0].padded_kv()
     # make() keeps transposed copies of its own: each set is distinct memory.
     fns = [make(sets[0].q, k_pad, v_pad)
            for _ in range(bench.sets_for_bytes(_padded_bytes(shape), device))]
-    return fns[0], fns
+    return _calls(fns[0], fns)
 
 
-def _measure(build: Callable, device, timing: dict) -> tuple[bench.Timing, torch.Tensor | None]:
-    """Run the first call (its output is kept for the check), then time every call."""
+def _measure(build: Callable[[], Calls], device, timing: dict,
+             eager: bool) -> tuple[bench.Timing, torch.Tensor | None, float, float]:
+    """Run the first call (its output is kept for the check), then time every call; with
+    ``eager``, also its host and eager-loop µs per call (``eager_timing``; NaN without)."""
+    none = (math.nan, math.nan)
     with torch.inference_mode():
         try:
-            first, fns = build()
-            out = first()
+            calls = build()
+            out = calls.first()
             out = (out[0] if isinstance(out, tuple) else out).detach().float().clone()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
         except (ImportError, AttributeError) + bench.FAILURE_EXCEPTIONS as err:
-            return bench.Timing.failure("failed", bench.describe_error(err)), None
+            return bench.Timing.failure("failed", bench.describe_error(err)), None, *none
         try:
-            return bench.time_callable(fns, device=device, **timing), out
+            result = bench.time_callable(calls.timed, device=device, **timing)
         except bench.FAILURE_EXCEPTIONS as err:  # a graph that cannot be captured, among others
-            return bench.Timing.failure("failed", bench.describe_error(err)), out
+            return bench.Timing.failure("failed", bench.describe_error(err)), out, *none
+    if not (eager and result.status == "ok"):
+        return result, out, *none
+    return result, out, *_eager_times(calls, device, timing)
+
+
+def _eager_times(calls: Calls, device, timing: dict) -> tuple[float, float]:
+    """Host µs per call of ``calls.timed`` and eager-loop µs per call of ``calls.eager``
+    (``eager_timing``); NaN off a CUDA device."""
+    if device.type != "cuda":
+        return math.nan, math.nan
+    from splitkv_tune import eager_timing
+    kwargs = {k: v for k, v in timing.items() if k != "method"}
+    host, loop = eager_timing.time_eager(calls.timed, device, **kwargs)
+    if calls.eager is not calls.timed:
+        loop = eager_timing.time_eager(calls.eager, device, **kwargs)[1]
+    return host.median_us, loop.median_us
 
 
 def _peer_problem(name: str, shape: Shape) -> str | None:
@@ -340,7 +379,7 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
                       peers=DEFAULT_PEERS, one_split: int | None = ONE_SPLIT, device=None,
                       timing: dict | None = None, copy_bw: float | None = None,
                       label: str | None = None, seed: int = 0, plans=(), wider=(),
-                      layout_rows: bool = True) -> pd.DataFrame:
+                      layout_rows: bool = True, eager: bool = False) -> pd.DataFrame:
     """Time ours, ours_one_split, ``peers`` and the copy floor on one batch; one row each.
 
     ``lengths`` is a ``batches`` text or a sequence of ints; ``copy_bw`` (GB/s) is measured
@@ -349,7 +388,9 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
     timed as one more row of ours (named by ``plan_row_name``). ``wider``: factors ``N``, each timed as ours behind a
     block table ``N`` times wider (``ours_wide<N>``: capacity invariance). ``layout_rows``
     False: no ours_load_aware, ours_contiguous, ours_equal_length and ours_table rows (a sweep
-    of the paged knobs needs none of them).
+    of the paged knobs needs none of them). ``eager``: the columns ``EAGER_COLUMNS`` too, each
+    implementation's host µs and eager-loop µs per call (ours with ``check_inputs=True``, the
+    default call; its host µs without the check, which waits for the GPU).
     """
     check_peers(peers)
     if label is None:
@@ -414,11 +455,11 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
     results, outputs = {}, {}
     for name, build, note, reason, knobs in impls:
         if reason:
-            results[name] = (bench.Timing.failure("skipped", reason), note, knobs)
+            results[name] = (bench.Timing.failure("skipped", reason), note, knobs, math.nan, math.nan)
             continue
         with compare.peer_backend(name):
-            result, out = _measure(build, device, timing)
-        results[name] = (result, note, knobs)
+            result, out, host_us, eager_us = _measure(build, device, timing, eager)
+        results[name] = (result, note, knobs, host_us, eager_us)
         if name != "sdpa_cudnn":
             outputs[name] = out
         if device.type == "cuda":
@@ -432,7 +473,7 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
             "head_dim": head_dim, "q_len": q_len, "dtype": dtype, "floor_us": floor_us,
             "live_kv_bytes": first.live_kv_bytes, "copy_bw_gbps": copy_bw}
     rows = []
-    for name, (result, note, knobs) in results.items():
+    for name, (result, note, knobs, host_us, eager_us) in results.items():
         check, err, passed = _check(name, outputs.get(name), expected, source, TOLERANCE[dtype])
         if name == "sdpa_cudnn" and result.status == "ok":
             check = "not checked: padded, unmasked"
@@ -441,13 +482,15 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
                      "p80_us": result.p80_us, "n": result.n, "method": result.method,
                      "input_sets": result.input_sets, "x_floor": result.median_us / floor_us,
                      "ours_speedup": result.median_us / ours_us, "max_abs_err": err,
-                     "check": check, "note": note, "reason": result.reason, **knobs})
+                     "check": check, "note": note, "reason": result.reason, "host_us": host_us,
+                     "eager_us": eager_us, **knobs})
     rows.append({**base, "impl": "copy_floor", "status": "ok", "median_us": floor_us,
                  "p20_us": math.nan, "p80_us": math.nan, "n": 0,
                  "method": "live_kv_bytes / copy bandwidth", "input_sets": 1, "x_floor": 1.0,
                  "ours_speedup": floor_us / ours_us, "max_abs_err": math.nan, "check": "",
-                 "note": f"{first.live_kv_bytes / 1e6:.1f} MB at {copy_bw:.0f} GB/s", "reason": ""})
-    frame = pd.DataFrame(rows, columns=COLUMNS)
+                 "note": f"{first.live_kv_bytes / 1e6:.1f} MB at {copy_bw:.0f} GB/s", "reason": "",
+                 "host_us": math.nan, "eager_us": math.nan})
+    frame = pd.DataFrame(rows, columns=COLUMNS + (EAGER_COLUMNS if eager else []))
     # Nullable ints: a knob is written 64, not 64.0, beside the rows that have none.
     return frame.astype({c: "Int64" for c in KNOB_COLUMNS if c != "merge"})
 
@@ -475,9 +518,12 @@ def _cell(value: float, digits: int = 1, suffix: str = "") -> str:
 
 def markdown_report(results: pd.DataFrame) -> str:
     """One table per batch: median µs, p20-p80, times the copy floor, ours' speed-up over each
-    implementation (its µs / ours µs), the check and notes."""
+    implementation (its µs / ours µs), the eager-loop and host µs per call when timed, the check
+    and notes."""
     parts = []
-    head = ["impl", "µs", "p20-p80 µs", "x floor", "ours speed-up", "check", "note"]
+    eager = "eager_us" in results.columns
+    head = (["impl", "µs", "p20-p80 µs", "x floor", "ours speed-up"] + (["eager µs", "host µs"] if eager else [])
+            + ["check", "note"])
     for label, group in results.groupby("label", sort=False):
         r = group.iloc[0]
         parts.append(
@@ -495,6 +541,7 @@ def markdown_report(results: pd.DataFrame) -> str:
             lines.append("| " + " | ".join([
                 row["impl"], _cell(row["median_us"]) if ok else row["status"], spread,
                 _cell(row["x_floor"], 2, "x"), _cell(row["ours_speedup"], 2, "x"),
+                *([_cell(row["eager_us"]), _cell(row["host_us"])] if eager else []),
                 row["check"], note.replace("|", "/")]) + " |")
         parts.append("\n".join(lines) + "\n")
     return "\n".join(parts)

@@ -88,32 +88,45 @@ def check_live_args(q: torch.Tensor, k: torch.Tensor, cache_seqlens, block_table
     return page_size, capacity
 
 
-def check_live_values(k: torch.Tensor, cache_seqlens, block_table, capacity: int) -> tuple[int, ...]:
-    """The checks that read the lengths and the table to the host: every length in
-    ``[0, capacity]``, and every page a sequence's live keys use within the pool. Returns the
-    lengths (``capacity`` each without ``cache_seqlens``)."""
-    if cache_seqlens is None:
-        lengths = (capacity,) * (block_table.shape[0] if block_table is not None else k.shape[0])
-    else:
-        lengths = tuple(int(x) for x in cache_seqlens.tolist())
-        for b, n in enumerate(lengths):
-            if n < 0:
-                raise ValueError(f"cache_seqlens[{b}] = {n} is negative")
-            if n > capacity:
-                raise ValueError(f"cache_seqlens[{b}] = {n} exceeds the cache's capacity of {capacity} "
-                                 "keys per sequence")
-    if block_table is not None:
-        page_size, num_pages = int(k.shape[1]), int(k.shape[0])
-        used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] * page_size
-        lens = (cache_seqlens if cache_seqlens is not None
-                else torch.full((block_table.shape[0],), capacity, device=block_table.device))
-        live = used < lens[:, None]
-        bad = live & ((block_table < 0) | (block_table >= num_pages))
-        if bool(bad.any()):
-            b, p = (int(x) for x in bad.nonzero()[0])
-            raise ValueError(f"block_table[{b}, {p}] = {int(block_table[b, p])} is not a page of the pool "
-                             f"[0, {num_pages})")
-    return lengths
+def first_bad_live_value(k: torch.Tensor, cache_seqlens, block_table, capacity: int) -> int:
+    """The first of the call's values that fails ``check_inputs``, as ``live_check.h`` keys it:
+    ``b`` for ``cache_seqlens[b]`` outside ``[0, capacity]``, ``B + b * W + p`` for
+    ``block_table[b, p]`` (``W`` the table's width) a page of a live key outside the pool;
+    lengths first, then the table row by row; -1 when every value is good. On a CUDA device the
+    extension's check kernel computes it (one launch, one 8-byte read back); on the CPU, torch."""
+    batch = block_table.shape[0] if block_table is not None else k.shape[0]
+    page_size, num_pages = int(k.shape[1]), int(k.shape[0])
+    if k.is_cuda:
+        from splitkv_tune.ops import _extension
+        return _extension().live_check(cache_seqlens, block_table, batch, capacity, page_size, num_pages)
+    device = (cache_seqlens if cache_seqlens is not None else block_table).device
+    lens = (cache_seqlens.long() if cache_seqlens is not None
+            else torch.full((batch,), capacity, dtype=torch.long, device=device))
+    bad = ((lens < 0) | (lens > capacity)).nonzero()
+    if len(bad):
+        return int(bad[0, 0])
+    if block_table is None:
+        return -1
+    live = (torch.arange(block_table.shape[1], device=device)[None, :] * page_size) < lens[:, None]
+    bad = (live & ((block_table < 0) | (block_table >= num_pages))).flatten().nonzero()
+    return batch + int(bad[0, 0]) if len(bad) else -1
+
+
+def check_live_values(k: torch.Tensor, cache_seqlens, block_table, capacity: int) -> None:
+    """The checks that read the call's data: every length in ``[0, capacity]``, and every page a
+    sequence's live keys use within the pool; ``ValueError`` naming the first bad entry. This
+    waits for the GPU."""
+    key = first_bad_live_value(k, cache_seqlens, block_table, capacity)
+    if key < 0:
+        return
+    batch = block_table.shape[0] if block_table is not None else k.shape[0]
+    if key < batch:
+        n = int(cache_seqlens[key])
+        what = "is negative" if n < 0 else f"exceeds the cache's capacity of {capacity} keys per sequence"
+        raise ValueError(f"cache_seqlens[{key}] = {n} {what}")
+    b, p = divmod(key - batch, block_table.shape[1])
+    raise ValueError(f"block_table[{b}, {p}] = {int(block_table[b, p])} is not a page of the pool "
+                     f"[0, {int(k.shape[0])})")
 
 
 def check_live_batch(q: torch.Tensor, k: torch.Tensor, cache_seqlens, block_table) -> LiveBatch:
@@ -132,7 +145,10 @@ def check_live_batch(q: torch.Tensor, k: torch.Tensor, cache_seqlens, block_tabl
     ValueError: cache_seqlens[0] = 33 exceeds the cache's capacity of 32 keys per sequence
     """
     page_size, capacity = check_live_args(q, k, cache_seqlens, block_table)
-    return LiveBatch(check_live_values(k, cache_seqlens, block_table, capacity), page_size, capacity)
+    check_live_values(k, cache_seqlens, block_table, capacity)
+    lengths = (tuple(int(x) for x in cache_seqlens.tolist()) if cache_seqlens is not None
+               else (capacity,) * q.shape[0])
+    return LiveBatch(lengths, page_size, capacity)
 
 
 def check_max_splits(max_splits: int) -> None:

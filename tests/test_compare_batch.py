@@ -213,3 +213,25 @@ def test_a_sweep_times_only_ours_and_the_plans(calls):
                                  layout_rows=False, **DIMS)
     assert list(frame["impl"]) == ["ours", cb.plan_row_name(1, 4), cb.plan_row_name(2, 4, 128), "copy_floor"]
     assert list(frame["impl"])[1:3] == ["ours_m1_s4", "ours_kv128_m2_s4"]
+
+
+def test_eager_times_every_implementation_as_called_by_default(calls, monkeypatch):
+    timed = {}
+
+    def eager_times(calls, device, timing):
+        timed[len(timed)] = ([fn.keywords.get("check_inputs") for fn in calls.eager if hasattr(fn, "keywords")],
+                             [fn.keywords.get("check_inputs") for fn in calls.timed if hasattr(fn, "keywords")])
+        return 7.0 + len(timed), 20.0
+    monkeypatch.setattr(cb, "_eager_times", eager_times)
+    frame = cb.run_compare_batch("40,7x3", peers=("flashinfer_decode",), one_split=None, **DIMS)
+    assert not set(cb.EAGER_COLUMNS) & set(frame.columns)
+    assert not timed
+    frame = cb.run_compare_batch("40,7x3", peers=("flashinfer_decode",), one_split=None, eager=True, **DIMS)
+    assert list(frame.columns) == cb.COLUMNS + cb.EAGER_COLUMNS
+    rows = _by_impl(frame)
+    assert rows["ours"]["host_us"] == 8.0 and rows["ours"]["eager_us"] == 20.0
+    assert rows["flashinfer_decode"]["eager_us"] == 20.0
+    assert math.isnan(rows["copy_floor"]["eager_us"])
+    checked, unchecked = timed[0]  # ours: the loop of checked default calls, the host cost without the check
+    assert checked and all(checked) and unchecked and not any(unchecked)
+    assert "| eager µs | host µs |" in cb.markdown_report(frame)

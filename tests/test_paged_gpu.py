@@ -278,6 +278,35 @@ def _bad_calls(q, k, v, table, seqlens):
     yield "is not a page of the pool", dict(cache_seqlens=seqlens, block_table=table * 0 + k.shape[0])
 
 
+def test_the_device_check_finds_the_entry_the_cpu_check_finds(cuda_gen):
+    """check_inputs' kernel (live_check.h) against plan.first_bad_live_value's CPU path, on
+    tables with bad pages past and inside the live keys, bad lengths, strided rows and grids of
+    many CTAs."""
+    rng = random.Random(5)
+    for trial in range(60):
+        batch, width, page_size, num_pages = (rng.choice((1, 3, 64, 300)), rng.choice((1, 7, 2048)),
+                                              rng.choice((1, 16, 64)), rng.randint(1, 5000))
+        width = min(width, num_pages)
+        capacity = width * page_size
+        wide = torch.randint(0, num_pages, (batch, width + 3), generator=cuda_gen.manual_seed(trial),
+                             device="cuda", dtype=torch.int32)
+        table = wide[:, :width] if trial % 2 else wide[:, :width].contiguous()
+        lens = torch.randint(0, capacity + 1, (batch,), device="cuda", dtype=torch.int32)
+        for _ in range(rng.choice((0, 1, 3))):
+            b, p = rng.randrange(batch), rng.randrange(width)
+            table[b, p] = rng.choice((-1, num_pages, num_pages + 100, -(2 ** 31)))
+        if trial % 5 == 0:
+            lens[rng.randrange(batch)] = rng.choice((-1, capacity + 1))
+        k = torch.empty(num_pages, page_size, 1, 1, device="cuda")
+        for seqlens in (lens, None):
+            want = plan.first_bad_live_value(k.cpu(), None if seqlens is None else seqlens.cpu(), table.cpu(),
+                                             capacity)
+            assert plan.first_bad_live_value(k, seqlens, table, capacity) == want, (trial, seqlens is None)
+    contiguous = torch.empty(4, 100, 1, 1, device="cuda")
+    lens = torch.tensor([100, 0, 101, -3], dtype=torch.int32, device="cuda")
+    assert plan.first_bad_live_value(contiguous, lens, None, 100) == 2
+
+
 def test_a_batch_whose_schedule_does_not_fit_is_refused(ops):
     # 8 bytes of the persistent schedule's shared memory per sequence (rules.h): 32768 sequences
     # need 256 KiB, more than any GPU gives a CTA.

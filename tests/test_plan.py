@@ -168,6 +168,26 @@ def test_pages_past_the_live_length_are_neither_checked_nor_read(gen):
         torch.testing.assert_close(out[b:b + 1].double(), want, rtol=1e-5, atol=1e-5)
 
 
+def test_the_first_bad_value_is_keyed_lengths_first_then_the_table_row_by_row():
+    k = torch.zeros(8, 16, 1, 1)
+    table = torch.tensor([[3, -1, 9], [9, 2, 1]], dtype=torch.int32)
+
+    def first(lens, tab=table):
+        return plan.first_bad_live_value(k, None if lens is None else torch.tensor(lens, dtype=torch.int32),
+                                         tab, 48)
+    assert first([16, 16]) == 2 + 1 * 3 + 0   # row 0's page 1 is past its 16 keys; row 1's page 0 is live
+    assert first([17, 0]) == 2 + 0 * 3 + 1    # row 0's page 1 is live now, and comes first
+    assert first([49, -1]) == 0 and first([0, -1]) == 1
+    assert first([16, 0]) == -1
+    assert first(None) == 2 + 0 * 3 + 1       # no lengths: every page of the table is live
+    assert plan.first_bad_live_value(torch.zeros(2, 32, 1, 1), torch.tensor([32, 33], dtype=torch.int32),
+                                     None, 32) == 1
+    with pytest.raises(ValueError, match=r"block_table\[0, 1\] = -1 is not a page of the pool \[0, 8\)"):
+        plan.check_live_values(k, torch.tensor([17, 0], dtype=torch.int32), table, 48)
+    with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = -1 is negative"):
+        plan.check_live_values(k, torch.tensor([0, -1], dtype=torch.int32), table, 48)
+
+
 def test_capacity_past_the_int32_block_arithmetic_is_refused():
     """Lengths within a block of 2**31 would overflow the plan's int32 arithmetic (rules.h's
     kMaxKeys); a pool (stride-0, no memory) and table that could hold them are refused."""

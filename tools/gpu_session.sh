@@ -10,7 +10,8 @@
 # the paged kernel on the skewed batches and a uniform one vs FlashInfer and padded cuDNN
 # SDPA (~5 min, FlashInfer's JIT included; compare_batch.md/.csv); profile-live: Nsight
 # Compute's warp stalls by source line on a few paged launches (~2.5 min); compare-batch-small: single
-# sequences, 64 x 2K and a log-normal batch vs FlashInfer (~2 min); batch-sweep: sweep-batches
+# sequences, 64 x 2K and a log-normal batch vs FlashInfer (~2 min); compare-batch-eager: the
+# default paged call's eager loop and host cost beside FlashInfer's (~3 min); batch-sweep: sweep-batches
 # over configs/batches.yaml or $BATCH_GRID (~8 min, resumable; BATCH_SWEEP_TIMEOUT); batch-evaluate: the batch
 # table, then evaluate-batches on configs/batches_holdout.yaml (~4 min); dense-part: a part of
 # configs/dense_decode.yaml, resumed (DENSE_PART, DENSE_TIMEOUT). COMPARE_BATCH_ARGS adds
@@ -155,6 +156,13 @@ for mode in "$@"; do
       compare_batch compare_batch_small 300 --lengths 4096 --lengths 32768 --lengths uniform:64:2048 \
         --lengths lognormal:32:4096:1.0 --peers flashinfer_decode_tc,flashinfer_xqa --one-split 8
       ;;
+    compare-batch-eager)
+      # The default paged call as an eager loop (check_inputs=True) and its host cost, beside
+      # FlashInfer's planned wrappers and the graph-replayed times, on one sequence, equal
+      # lengths, a skewed and a log-normal batch.
+      compare_batch compare_batch_eager 300 --lengths 4096 --lengths uniform:16:8192 --lengths skewed:16:65536:1024 \
+        --lengths lognormal:32:4096:1.0 --peers flashinfer_decode_tc,flashinfer_xqa --one-split 8 --eager
+      ;;
     batch-sweep)
       # A batch grid ($BATCH_GRID, default configs/batches.yaml) swept into
       # results/<gpu>/batches/<grid name>.csv; a rerun times only the batches not yet there, so a
@@ -185,7 +193,7 @@ for mode in "$@"; do
         --dtype ${part%%_*} --head-dim ${part##*_d} --sampler tpe --trials 24 --out "$dir" --no-progress \
         $( [ -f "$dir/optuna.journal" ] && echo --resume ) 2>&1 | tail -8 | tee -a "$out/dense_part.log"
       ;;
-    *) echo "usage: $0 MODE... (test, head-dims, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, profile-live, batch-sweep, batch-evaluate, dense-part)" >&2; exit 2 ;;
+    *) echo "usage: $0 MODE... (test, head-dims, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, compare-batch-eager, profile-live, batch-sweep, batch-evaluate, dense-part)" >&2; exit 2 ;;
   esac
   pack
 done
