@@ -29,7 +29,7 @@ from splitkv_tune.batch_table import CANDIDATE_IMPL
 from splitkv_tune.tunables import Shape
 
 RULES = ("selector", "auto", "fa2", "fa3", "sglang")
-PLAN_KNOBS = ("block_kv", "min_blocks_per_split", "max_splits", "merge")
+PLAN_KNOBS = ("block_kv", "min_blocks_per_split", "max_splits", "merge", "split_plan")
 
 
 def _merge(batch: Batch, merge: str) -> str:
@@ -40,9 +40,10 @@ def _merge(batch: Batch, merge: str) -> str:
     return tunables.split_merge(shape, merge)
 
 
-def rule_knobs(batch: Batch, table, num_sms: int) -> dict[str, tuple[int, int, int, str]]:
-    """``{rule: (block_kv, min_blocks_per_split, max_splits, merge)}`` of every rule in ``RULES``
-    on this batch (``table``: batch-table records of one GPU; ``merge`` as the rows record it).
+def rule_knobs(batch: Batch, table, num_sms: int) -> dict[str, tuple[int, int, int, str, str]]:
+    """``{rule: (block_kv, min_blocks_per_split, max_splits, merge, split_plan)}`` of every rule in
+    ``RULES`` on this batch (``table``: batch-table records of one GPU; ``merge`` as the rows
+    record it; every rule but the selector's table uses the fixed split plan).
     The selector and ``auto`` see the batch as the call does, empty slots included; the other
     projects' rules see its live sequences (they plan from the lengths, and an empty slot has
     none) and merge as our call does by default."""
@@ -52,11 +53,11 @@ def rule_knobs(batch: Batch, table, num_sms: int) -> dict[str, tuple[int, int, i
     auto = live.resolve_knobs(len(batch.lengths), h["head_dim"], h["kv_heads"],
                               batch_select.packed_rows(h["q_heads"], h["kv_heads"], h["q_len"]), num_sms)
     knobs = {"selector": (chosen.block_kv, chosen.min_blocks_per_split, chosen.max_splits,
-                          _merge(batch, chosen.merge)),
-             "auto": (*auto, _merge(batch, "auto"))}
+                          _merge(batch, chosen.merge), chosen.split_plan),
+             "auto": (*auto, _merge(batch, "auto"), "fixed")}
     live_lengths = [n for n in batch.lengths if n > 0] or [1]
     for name, (min_blocks, max_splits, block_kv) in baselines.live_baseline_plans(h, live_lengths, num_sms).items():
-        knobs[name] = (block_kv, min_blocks, max_splits, _merge(batch, "auto"))
+        knobs[name] = (block_kv, min_blocks, max_splits, _merge(batch, "auto"), "fixed")
     return knobs
 
 
@@ -68,8 +69,9 @@ def with_rule_plans(grid: BatchGrid, table, num_sms: int) -> BatchGrid:
     for batch in grid.batches:
         plans = list(batch.plans)
         default_merge = _merge(batch, "auto")
-        for rule, (block_kv, min_blocks, max_splits, merge) in rule_knobs(batch, table, num_sms).items():
-            point = cb.plan_point(min_blocks, max_splits, block_kv, "auto" if merge == default_merge else merge)
+        for rule, (block_kv, min_blocks, max_splits, merge, split_plan) in rule_knobs(batch, table, num_sms).items():
+            point = cb.plan_point(min_blocks, max_splits, block_kv, "auto" if merge == default_merge else merge,
+                                  split_plan)
             if rule != "auto" and point not in plans:
                 plans.append(point)
         out.append(dataclasses.replace(batch, plans=tuple(plans)))
@@ -89,7 +91,7 @@ def _timed_knobs(rows: list[dict]) -> dict[tuple, float]:
     for row in rows:
         if row["status"] != "ok" or not CANDIDATE_IMPL.fullmatch(row["impl"]):
             continue
-        knobs = (*(_int(row[c]) for c in PLAN_KNOBS[:3]), row["merge"] or None)
+        knobs = (*(_int(row[c]) for c in PLAN_KNOBS[:3]), row["merge"] or None, row["split_plan"] or None)
         median = float(row["median_us"])
         if None in knobs or not math.isfinite(median):
             continue

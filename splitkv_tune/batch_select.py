@@ -41,11 +41,12 @@ class LiveKnobs:
     merge: str
     reason: str
     row: dict | None = None
+    split_plan: str = "fixed"
 
     def kwargs(self) -> dict:
         """The keyword arguments of ``splitkv_attention`` these knobs are."""
         return {"block_kv": self.block_kv, "min_blocks_per_split": self.min_blocks_per_split,
-                "max_splits": self.max_splits, "merge": self.merge}
+                "max_splits": self.max_splits, "merge": self.merge, "split_plan": self.split_plan}
 
 
 def class_distance_q(row: dict, batch: int, len_max: int, len_mean: int, page_size: int) -> int:
@@ -124,10 +125,13 @@ def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_head
     runner_up = ("no runner-up" if row["runner_up_us"] is None
                  else f"runner-up {row['runner_up_us']:.1f} µs at block_kv={row['runner_up_block_kv']} "
                       f"min_blocks_per_split={row['runner_up_min_blocks_per_split']} "
-                      f"max_splits={row['runner_up_max_splits']}")
+                      f"max_splits={row['runner_up_max_splits']} split_plan={row['runner_up_split_plan']}")
     reason = (f"batch table, {config}: the nearest class of {len(rows)} to "
               f"{_describe(batch, len_max, len_mean, page_size)} is "
               f"{_describe(row['batch'], row['len_max'], row['len_mean'], row['page_size'])} "
               f"({row['lengths']}, distance {distance:.2f}), won at {row['median_us']:.1f} µs ({runner_up}; "
               f"noise margin {row['noise_margin']:.1%}, {row['n_trials']} candidates, {row['source']})")
-    return LiveKnobs(bkv, min_blocks, bound, row["merge"], reason, row)
+    if row["split_plan"] == "load_aware":
+        reason += (f"; its launches choose min_blocks_per_split among {min_blocks} x 1, 2, 4, ... from the "
+                   "live lengths (split_plan='load_aware')")
+    return LiveKnobs(bkv, min_blocks, bound, row["merge"], reason, row, row["split_plan"])

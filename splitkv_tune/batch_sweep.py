@@ -11,7 +11,8 @@ The grid (YAML)::
     page_size: [16, 64]         # plan.PAGE_SIZES
     lengths: [uniform:16:8192, skewed:16:65536:1024]   # batches.parse_lengths texts
     space: {block_kv: [64, 128], min_blocks_per_split: [1, 4], max_splits: [8, 32]}
-                                # optional in space: merge: [fused, kernel] (default: auto)
+                                # optional in space: merge: [fused, kernel] (default: auto),
+                                # split_plan: [fixed, load_aware] (default: fixed)
     timing: {warmup_s: 0.05, min_reps: 20, max_time_s: 0.2}   # optional, as in sweep grids
 
 Every (head configuration x page size x lengths) is one batch, identified in the CSV by its
@@ -48,7 +49,7 @@ import yaml
 
 from splitkv_tune import batches, bench, plan, tunables
 from splitkv_tune import compare_batch as cb
-from splitkv_tune.batch_table import LABEL_RE, read_csv_rows
+from splitkv_tune.batch_table import LABEL_RE, LEGACY_SPLIT_PLAN, read_csv_rows
 from splitkv_tune.gpu_profiles import PROFILES
 from splitkv_tune.space import GridError, _parse_timing
 from splitkv_tune.table_schema import TableError
@@ -80,7 +81,7 @@ class Batch:
     page_size: int
     label: str
     lengths: tuple[int, ...]
-    plans: tuple[tuple, ...]  # compare_batch.plan_point: (min_blocks_per_split, max_splits, block_kv[, merge])
+    plans: tuple[tuple, ...]  # compare_batch.plan_point: (min_blocks_per_split, max_splits, block_kv[, merge[, split_plan]])
 
     def key(self) -> tuple[str, ...]:
         """``KEY_COLUMNS`` as the CSV's cells read."""
@@ -150,14 +151,17 @@ def _lengths(raw, where: str) -> list[tuple[str, tuple[int, ...]]]:
     return list(out.items())
 
 
-def _space(raw, where: str) -> tuple[list, list, list, list]:
-    if not isinstance(raw, dict) or not set(SPACE_FIELDS) <= set(raw) <= {*SPACE_FIELDS, "merge"}:
-        raise GridError(f"{where}: expected a mapping of {list(SPACE_FIELDS)} and optionally merge, got {raw!r}")
+def _space(raw, where: str) -> tuple[list, list, list, list, list]:
+    optional = {"merge": ("auto", tunables.MERGES), "split_plan": ("fixed", plan.SPLIT_PLANS)}
+    if not isinstance(raw, dict) or not set(SPACE_FIELDS) <= set(raw) <= {*SPACE_FIELDS, *optional}:
+        raise GridError(f"{where}: expected a mapping of {list(SPACE_FIELDS)} and optionally {list(optional)}, "
+                        f"got {raw!r}")
     lists = [_int_list(raw[f], f"{where}.{f}") for f in SPACE_FIELDS]
-    merges = raw.get("merge", ["auto"])
-    if not isinstance(merges, list) or not merges or any(not isinstance(m, str) for m in merges):
-        raise GridError(f"{where}.merge: expected a non-empty list of merges {list(tunables.MERGES)}, got {merges!r}")
-    lists.append(merges)
+    for field, (default, choices) in optional.items():
+        values = raw.get(field, [default])
+        if not isinstance(values, list) or not values or any(not isinstance(m, str) for m in values):
+            raise GridError(f"{where}.{field}: expected a non-empty list of {field}s {list(choices)}, got {values!r}")
+        lists.append(values)
     try:
         cb.check_plan_space(*lists)
     except ValueError as err:
@@ -186,8 +190,9 @@ def parse_batch_grid(raw, source: str = "<grid>") -> BatchGrid:
     space = _space(raw["space"], f"{source}: space")
     out: dict[tuple, Batch] = {}
     for i, head in enumerate(heads):
-        block_kvs, min_blocks, max_splits, merges = space
-        plans, dropped = cb.expand_plan_space(block_kvs, min_blocks, max_splits, head["head_dim"], merges=merges)
+        block_kvs, min_blocks, max_splits, merges, split_plans = space
+        plans, dropped = cb.expand_plan_space(block_kvs, min_blocks, max_splits, head["head_dim"], merges=merges,
+                                              split_plans=split_plans)
         if not plans:
             raise GridError(f"{source}: space.block_kv: none of {dropped} is built at head_dim {head['head_dim']} "
                             f"(heads[{i}])")
@@ -215,11 +220,16 @@ def load_batch_grid(path) -> BatchGrid:
 
 def read_rows(path) -> list[dict]:
     """The rows of a sweep's CSV (dicts of strings); none when it does not exist or is empty.
-    ``TableError`` when its columns are not compare-batch's or a line has another cell count."""
+    ``TableError`` when its columns are not compare-batch's or a line has another cell count. A
+    CSV written before the ``split_plan`` column reads with it (``fixed`` where the row has
+    knobs); the sweep's next write adds it to the file."""
     path = Path(path)
     if not path.exists() or path.stat().st_size == 0:
         return []
     header, rows = read_csv_rows(path)
+    if header == [c for c in cb.COLUMNS if c != "split_plan"]:
+        rows = [{**row, "split_plan": LEGACY_SPLIT_PLAN if row.get("block_kv") else ""} for row in rows]
+        header = cb.COLUMNS
     if header != cb.COLUMNS:
         have = header
         missing = [c for c in cb.COLUMNS if c not in have]

@@ -1,29 +1,41 @@
-"""Schema v2, the batch-class table: the paged call's knobs per GPU and batch class, from
+"""Schema v3, the batch-class table: the paged call's knobs per GPU and batch class, from
 ``compare-batch`` CSVs (the source of truth; this table is derived from them).
 
 Columns, in order (``BATCH_TABLE_COLUMNS``):
 
-* ``schema_version`` - ``2``; ``gpu`` - the GPU that measured the row (``gpus.resolve_gpu``:
+* ``schema_version`` - ``3``; ``gpu`` - the GPU that measured the row (``gpus.resolve_gpu``:
   the normalised name, its profile's key when one matches, e.g. ``nvidia_h200``).
 * the class: ``dtype``, ``head_dim``, ``q_heads``, ``kv_heads``, ``q_len``, ``page_size``,
   ``batch``, ``len_max`` and ``len_mean`` (the batch's live keys // ``batch``).
 * ``lengths`` - the ``compare-batch --lengths`` label the winner was measured on (it must parse
   with ``batches.parse_lengths`` and give the class's batch, ``len_max`` and ``len_mean``).
-* the winner's knobs ``block_kv``, ``min_blocks_per_split``, ``max_splits``, ``merge`` and its
-  ``median_us``, ``p20_us``, ``p80_us``.
-* ``runner_up_block_kv`` ... ``runner_up_merge``, ``runner_up_us`` - the fastest row with other
-  knobs (all empty when none).
+* the winner's knobs ``block_kv``, ``min_blocks_per_split``, ``max_splits``, ``merge``,
+  ``split_plan`` (``plan.SPLIT_PLANS``: ``fixed``, or ``load_aware``, whose launches choose
+  ``min_blocks_per_split`` among its multiples from the live lengths) and its ``median_us``,
+  ``p20_us``, ``p80_us``.
+* ``runner_up_block_kv`` ... ``runner_up_split_plan``, ``runner_up_us`` - the fastest row with
+  other knobs (all empty when none).
 * ``noise_margin`` - the margin that called ties; ``n_trials`` - the class's candidate rows;
   ``source`` - the CSV file the winner came from (compare-batch has no run id).
 
 Choosing the winner (``build_batch_table``): the candidates are the rows that time the paged
-call as a server makes it (``CANDIDATE_IMPL``: ``ours``, ``ours_one_split`` and the ``--plan``
-rows; ``ours_wide<N>`` and ``ours_contiguous`` measure the layout at ``ours``' knobs), with
-status ok and their knob columns filled. The noise margin is that of ``table.pick_winner``:
-``(p80 - p20) / median`` of the fastest, at least ``table.MIN_NOISE_MARGIN``; every candidate
-within it of the fastest ties, and among ties the smallest ``max_splits`` wins (the smaller
-workspace), then ``block_kv`` 64 (the default, built at every head dim), then the fewest
-``min_blocks_per_split`` (the finer split), then the lower median.
+call as a server makes it (``CANDIDATE_IMPL``: ``ours``, ``ours_one_split``, ``ours_load_aware``
+and the ``--plan`` rows; ``ours_wide<N>`` and ``ours_contiguous`` measure the layout at
+``ours``' knobs), with status ok and their knob columns filled. The noise margin is that of
+``table.pick_winner``: ``(p80 - p20) / median`` of the fastest, at least
+``table.MIN_NOISE_MARGIN``; every candidate within it of the fastest ties, and among ties the
+fixed split plan wins (a sequence's bits then do not depend on the other lengths), then the
+smallest ``max_splits`` (the smaller workspace), then ``block_kv`` 64 (the default, built at
+every head dim), then the fewest ``min_blocks_per_split`` (the finer split), then the lower
+median.
+
+A class timed in several CSVs (a grid swept again with more knobs, say) takes its candidates
+from the last CSV that has it (the ``source`` of the rows, in the order given): times of
+different runs are not compared with each other.
+
+Older files: a v2 table (no split plan columns) reads as ``split_plan`` ``fixed``; a
+compare-batch CSV written before the ``split_plan`` column reads the same way (its load-aware
+rows have no knob columns and are no candidates).
 
 The reader checks every cell as ``table_schema`` checks a v1 table (plain decimal integers in
 the kernel's ranges, finite numbers, names in ``NAME_RE``, labels in ``LABEL_RE``, no NaN) and
@@ -41,17 +53,21 @@ from splitkv_tune import batches, live, plan, tunables
 from splitkv_tune.gpus import resolve_gpu
 from splitkv_tune.table_schema import MAX_DIM, NAME_RE, TableError, _parse_float, _parse_int, _show
 
-BATCH_SCHEMA_VERSION = 2
+BATCH_SCHEMA_VERSION = 3
+# Versions the reader takes: v2 had no split plan (every row "fixed").
+READ_SCHEMA_VERSIONS = (2, 3)
 CLASS_COLUMNS = ["dtype", "head_dim", "q_heads", "kv_heads", "q_len", "page_size", "batch", "len_max",
                  "len_mean"]
-KNOB_COLUMNS = ["block_kv", "min_blocks_per_split", "max_splits", "merge"]
+KNOB_COLUMNS = ["block_kv", "min_blocks_per_split", "max_splits", "merge", "split_plan"]
 RUNNER_UP_COLUMNS = ["runner_up_" + c for c in KNOB_COLUMNS] + ["runner_up_us"]
+SPLIT_PLAN_COLUMNS = ["split_plan", "runner_up_split_plan"]  # new in v3
 BATCH_TABLE_COLUMNS = (["schema_version", "gpu"] + CLASS_COLUMNS + ["lengths"] + KNOB_COLUMNS
                        + ["median_us", "p20_us", "p80_us"] + RUNNER_UP_COLUMNS
                        + ["noise_margin", "n_trials", "source"])
 # A --lengths label: a list with repeats or a named distribution (batches.parse_lengths).
 LABEL_RE = re.compile(r"[A-Za-z0-9_.:,-]+")
-CANDIDATE_IMPL = re.compile(r"ours|ours_one_split|ours(_kv[0-9]+)?_m[0-9]+_s[0-9]+(_fused|_kernel)?")
+CANDIDATE_IMPL = re.compile(
+    r"ours|ours_one_split|ours_load_aware|ours(_kv[0-9]+)?_m[0-9]+_s[0-9]+(_fused|_kernel)?(_load_aware)?")
 # The compare-batch columns the builder reads.
 COMPARE_COLUMNS = ["label", "batch", "max_len", "total_len", "page_size", "q_heads", "kv_heads", "head_dim",
                    "q_len", "dtype", "impl", "status", "median_us", "p20_us", "p80_us"] + KNOB_COLUMNS
@@ -61,7 +77,10 @@ _INT_CHOICES = {"head_dim": tunables.HEAD_DIMS, "page_size": plan.PAGE_SIZES, "b
 _INT_RANGES = {"schema_version": (0, MAX_DIM), "len_max": (1, batches.MAX_LENGTH),
                "len_mean": (1, batches.MAX_LENGTH), "batch": (1, batches.MAX_BATCH),
                "max_splits": (1, tunables.MAX_SPLITS), "runner_up_max_splits": (1, tunables.MAX_SPLITS)}
-_CHOICES = {"dtype": tunables.DTYPES, "merge": tunables.MERGES, "runner_up_merge": tunables.MERGES}
+_CHOICES = {"dtype": tunables.DTYPES, "merge": tunables.MERGES, "runner_up_merge": tunables.MERGES,
+            "split_plan": plan.SPLIT_PLANS, "runner_up_split_plan": plan.SPLIT_PLANS}
+# What a file written before the split plan existed holds in its place.
+LEGACY_SPLIT_PLAN = "fixed"
 _FLOATS = {"median_us", "p20_us", "p80_us", "runner_up_us", "noise_margin"}
 _NAMES = {"gpu": NAME_RE, "source": NAME_RE, "lengths": LABEL_RE}
 
@@ -123,7 +142,7 @@ def _typed_row(raw: dict, columns) -> dict:
 def _refuse_v1(header, source) -> None:
     if "kv_len" in header and "len_max" not in header:
         raise TableError(source, "this is a v1 shape table (heuristics.csv: one row per equal-length shape), "
-                                 "not a batch-class table (schema v2); read it with table_schema.read_heuristics. "
+                                 "not a batch-class table (schema v3); read it with table_schema.read_heuristics. "
                                  "It holds no batch classes to convert: build a batch table from compare-batch "
                                  "CSVs with `splitkv-tune batch-table CSV... --gpu GPU -o FILE`")
 
@@ -156,16 +175,22 @@ def validate_batch_records(header, rows, source="<batch table>", where=_csv_row)
     missing columns, a wrong schema version, a bad cell, cells that disagree, a duplicate
     class, no rows)."""
     _refuse_v1(header, source)
-    missing = [c for c in BATCH_TABLE_COLUMNS if c not in header]
+    legacy = not any(c in header for c in SPLIT_PLAN_COLUMNS)  # v2: every row's plan is fixed
+    missing = [c for c in BATCH_TABLE_COLUMNS if c not in header and not (legacy and c in SPLIT_PLAN_COLUMNS)]
     if missing:
         raise TableError(source, "missing columns: " + ", ".join(missing))
     records, seen = [], set()
     for i, raw in enumerate(rows):
         try:
+            if legacy:
+                raw = {**raw, "split_plan": LEGACY_SPLIT_PLAN,
+                       "runner_up_split_plan": LEGACY_SPLIT_PLAN if _text(raw, "runner_up_block_kv") else ""}
             rec = _typed_row(raw, BATCH_TABLE_COLUMNS)
-            if rec["schema_version"] != BATCH_SCHEMA_VERSION:
-                raise ValueError(f"schema_version is {rec['schema_version']}, this reader reads version "
-                                 f"{BATCH_SCHEMA_VERSION}")
+            want = (2,) if legacy else (BATCH_SCHEMA_VERSION,)
+            if rec["schema_version"] not in want:
+                raise ValueError(f"schema_version is {rec['schema_version']}; a table "
+                                 f"{'without' if legacy else 'with'} split_plan columns is version {want[0]} "
+                                 f"(this reader reads versions {READ_SCHEMA_VERSIONS})")
             _check_record(rec)
             _check_lengths(rec)
             key = tuple(rec[c] for c in ["gpu"] + CLASS_COLUMNS)
@@ -218,6 +243,9 @@ def read_compare_batch_csv(path) -> list[dict]:
     """A compare-batch CSV's rows (dicts of strings), each with ``source``: the file's name
     (characters outside ``NAME_RE`` as ``_``). ``TableError`` when the knob columns are missing."""
     header, rows = read_csv_rows(path)
+    if "split_plan" not in header:  # written before the split plan existed: its knobs are fixed plans
+        rows = [{**row, "split_plan": LEGACY_SPLIT_PLAN if _text(row, "block_kv") else ""} for row in rows]
+        header = [*header, "split_plan"]
     missing = [c for c in COMPARE_COLUMNS if c not in header]
     if missing:
         hint = (": written before compare-batch recorded its knobs; rerun compare-batch"
@@ -252,7 +280,8 @@ def _knobs(rec: dict) -> tuple:
 
 
 def _tie_order(rec: dict) -> tuple:
-    return rec["max_splits"], rec["block_kv"] != live.DEFAULT_BLOCK_KV, rec["min_blocks_per_split"], rec["median_us"]
+    return (rec["split_plan"] != "fixed", rec["max_splits"], rec["block_kv"] != live.DEFAULT_BLOCK_KV,
+            rec["min_blocks_per_split"], rec["median_us"])
 
 
 def pick_batch_winner(candidates: list[dict], min_margin: float) -> tuple[dict, dict | None, float]:
@@ -282,8 +311,12 @@ def build_batch_table(rows, gpu: str, min_margin: float | None = None) -> list[d
             rec = _candidate(raw)
         except ValueError as exc:
             raise TableError(_source(raw), f"row of {raw.get('label')!r}, impl {raw.get('impl')!r}: {exc}") from None
-        if rec is not None:
-            classes.setdefault(tuple(rec[c] for c in CLASS_COLUMNS), []).append(rec)
+        if rec is None:
+            continue
+        key = tuple(rec[c] for c in CLASS_COLUMNS)
+        if classes.get(key) and classes[key][0]["source"] != rec["source"]:
+            classes[key] = []  # a later CSV's run of the class replaces the earlier one's
+        classes.setdefault(key, []).append(rec)
     if not classes:
         raise TableError(", ".join(sorted({_source(r) for r in rows})) or "compare_batch",
                          "no candidate rows: none of ours, ours_one_split or ours_m<MIN>_s<MAX> with status ok "

@@ -1,14 +1,15 @@
-"""The batch-class table (schema v2, :mod:`splitkv_tune.batch_table`) as one JSON file per GPU,
+"""The batch-class table (schema v3, :mod:`splitkv_tune.batch_table`) as one JSON file per GPU,
 the v1 JSON export's counterpart (:mod:`splitkv_tune.export`).
 
-``{"_metadata": {...}, "classes": [...]}``: ``_metadata`` holds the schema version (2), the
+``{"_metadata": {...}, "classes": [...]}``: ``_metadata`` holds the schema version (3), the
 normalised GPU name, the vLLM-style device name (``torch.cuda.get_device_name().replace(" ",
 "_")``, the first of the GPU's profile, the name upper-cased without one) and all of them, and
 the tool and its version; ``classes`` holds the table's rows without ``schema_version`` and
 ``gpu``, integers as integers, the runner-up ``null`` when there is none. The format is
 ``schemas/batch_table.schema.json`` (JSON Schema). The reader checks the JSON types and keys,
 then turns the classes back into the CSV's cells and checks them as ``read_batch_table`` does,
-so it returns the same records. It imports no pandas.
+so it returns the same records (a version-2 file, without the split plan, as ``fixed``). It
+imports no pandas.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from splitkv_tune import __version__
 from splitkv_tune.batch_table import (_CHOICES, _FLOATS, _NAMES, BATCH_SCHEMA_VERSION, BATCH_TABLE_COLUMNS,
-                                      RUNNER_UP_COLUMNS, keep_batch_gpu, read_batch_table,
+                                      RUNNER_UP_COLUMNS, SPLIT_PLAN_COLUMNS, keep_batch_gpu, read_batch_table,
                                       validate_batch_records)
 from splitkv_tune.gpus import device_names as profile_device_names
 from splitkv_tune.table_schema import NAME_RE, TableError
@@ -78,7 +79,7 @@ def _check_metadata(meta) -> dict:
         raise ValueError("_metadata must be an object")
     if meta.get("schema_version") == 1:
         raise ValueError("this is a v1 heuristics export (`splitkv-tune export --format json`), not a batch-class "
-                         "table (schema v2); read it with splitkv_tune.export.load_json")
+                         "table (schema v3); read it with splitkv_tune.export.load_json")
     _check_keys("_metadata", meta, META_KEYS, META_KEYS)
     if type(meta["schema_version"]) is not int:
         raise ValueError(f"_metadata: schema_version must be an integer, got {json.dumps(meta['schema_version'])}")
@@ -102,8 +103,9 @@ def _check_keys(where: str, obj: dict, required, allowed) -> None:
                               unknown and "unknown keys: " + ", ".join(map(str, unknown))) if part))
 
 
-def _raw_rows(doc) -> list[dict]:
-    """The document's classes as CSV rows (dicts of strings); ``ValueError`` naming the problem."""
+def _raw_rows(doc) -> tuple[list[str], list[dict]]:
+    """The document's classes as a CSV's header and rows (dicts of strings); ``ValueError``
+    naming the problem."""
     if not isinstance(doc, dict):
         raise ValueError("the document must be an object")
     _check_keys("the document", doc, ["_metadata", "classes"], ["_metadata", "classes"])
@@ -111,18 +113,20 @@ def _raw_rows(doc) -> list[dict]:
     classes = doc["classes"]
     if not isinstance(classes, list):
         raise ValueError("classes must be a list")
+    # Version 2 had no split plan: its classes read as "fixed" (batch_table.validate_batch_records).
+    keys = [c for c in CLASS_KEYS if meta["schema_version"] != 2 or c not in SPLIT_PLAN_COLUMNS]
     rows = []
     for i, entry in enumerate(classes):
         if not isinstance(entry, dict):
             raise ValueError(f"classes[{i}] must be an object")
-        required = [c for c in CLASS_KEYS if c not in RUNNER_UP_COLUMNS]
-        _check_keys(f"classes[{i}]", entry, required, CLASS_KEYS)
+        required = [c for c in keys if c not in RUNNER_UP_COLUMNS]
+        _check_keys(f"classes[{i}]", entry, required, keys)
         try:
-            row = {c: _json_cell(c, entry.get(c)) for c in CLASS_KEYS}
+            row = {c: _json_cell(c, entry.get(c)) for c in keys}
         except ValueError as exc:
             raise ValueError(f"classes[{i}]: {exc}") from None
         rows.append({**row, "schema_version": str(meta["schema_version"]), "gpu": _json_cell("gpu", meta["gpu"])})
-    return rows
+    return ["schema_version", "gpu", *keys], rows
 
 
 def read_batch_table_json(path, gpu: str | None = None) -> list[dict]:
@@ -137,10 +141,10 @@ def read_batch_table_json(path, gpu: str | None = None) -> list[dict]:
     except (ValueError, UnicodeDecodeError) as exc:
         raise TableError(path, f"not JSON ({str(exc).strip()[:80]})") from None
     try:
-        rows = _raw_rows(doc)
+        header, rows = _raw_rows(doc)
     except ValueError as exc:
         raise TableError(path, f"not a splitkv-tune batch table JSON: {exc}") from None
-    records = validate_batch_records(BATCH_TABLE_COLUMNS, rows, path, where=lambda i: f"classes[{i}]")
+    records = validate_batch_records(header, rows, path, where=lambda i: f"classes[{i}]")
     return keep_batch_gpu(records, gpu, path)
 
 

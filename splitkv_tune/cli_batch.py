@@ -49,37 +49,42 @@ def _peer_list(peers: str) -> list[str]:
 def _plan_option(text: str) -> tuple:
     """One ``--plan`` value as a ``compare_batch.plan_point``; a usage error naming the option."""
     from splitkv_tune.compare_batch import PLAN_BLOCK_KV, plan_point
-    from splitkv_tune.plan import check_plan_knobs
+    from splitkv_tune.plan import SPLIT_PLANS, check_plan_knobs, check_split_plan
     fields = text.split(":")
     try:
-        if not 2 <= len(fields) <= 4:
+        if not 2 <= len(fields) <= 5:
             raise ValueError
         min_blocks, max_splits, block_kv = (int(x) for x in (fields + [str(PLAN_BLOCK_KV)])[:3])
-        merge = fields[3] if len(fields) == 4 else "auto"
+        merge = fields[3] if len(fields) > 3 else "auto"
+        split_plan = fields[4] if len(fields) > 4 else "fixed"
         tunables.check_merge(merge)
+        check_split_plan(split_plan)
         check_plan_knobs(block_kv, min_blocks, max_splits)
     except ValueError:
-        raise click.BadParameter(f"expected MIN_BLOCKS:MAX_SPLITS[:BLOCK_KV[:MERGE]] with MIN_BLOCKS >= 1, "
-                                 f"MAX_SPLITS in [1, {tunables.MAX_SPLITS}], BLOCK_KV one of {tunables.BLOCK_KV} "
-                                 f"and MERGE one of {tunables.MERGES}, got {text!r}", param_hint="--plan") from None
-    return plan_point(min_blocks, max_splits, block_kv, merge)
+        raise click.BadParameter(f"expected MIN_BLOCKS:MAX_SPLITS[:BLOCK_KV[:MERGE[:SPLIT_PLAN]]] with MIN_BLOCKS "
+                                 f">= 1, MAX_SPLITS in [1, {tunables.MAX_SPLITS}], BLOCK_KV one of {tunables.BLOCK_KV}, "
+                                 f"MERGE one of {tunables.MERGES} and SPLIT_PLAN one of {SPLIT_PLANS}, got {text!r}",
+                                 param_hint="--plan") from None
+    return plan_point(min_blocks, max_splits, block_kv, merge, split_plan)
 
 
 def _plan_space(ctx, param, value):
-    """A ``--plan-space`` callback: ``(block_kvs, min_blocks, max_splits, merges)`` lists, or None."""
+    """A ``--plan-space`` callback: ``(block_kvs, min_blocks, max_splits, merges, split_plans)``
+    lists, or None."""
     if value is None:
         return None
     from splitkv_tune.compare_batch import check_plan_space
     try:
         parts = value.split(":")
-        if len(parts) not in (3, 4):
-            raise ValueError(f"expected 3 or 4 lists separated by ':', got {len(parts)}")
+        if len(parts) not in (3, 4, 5):
+            raise ValueError(f"expected 3 to 5 lists separated by ':', got {len(parts)}")
         lists = [[int(x) for x in part.split(",")] for part in parts[:3]]
-        lists.append(parts[3].split(",") if len(parts) == 4 else ["auto"])
+        lists.append(parts[3].split(",") if len(parts) > 3 else ["auto"])
+        lists.append(parts[4].split(",") if len(parts) > 4 else ["fixed"])
         check_plan_space(*lists)
     except ValueError as err:
-        raise click.BadParameter(f"expected BLOCK_KVS:MIN_BLOCKS:MAX_SPLITS[:MERGES], comma lists such as "
-                                 f"64,128:1,2,4,8,16:8,16,32,64:fused,kernel, got {value!r} ({err})",
+        raise click.BadParameter(f"expected BLOCK_KVS:MIN_BLOCKS:MAX_SPLITS[:MERGES[:SPLIT_PLANS]], comma lists such "
+                                 f"as 64,128:1,2,4,8,16:8,16,32,64:fused,kernel:fixed,load_aware, got {value!r} ({err})",
                                  param_hint="--plan-space") from None
     return lists
 
@@ -101,13 +106,15 @@ def _plan_space(ctx, param, value):
 @click.option("--one-split", type=click.IntRange(1, tunables.MAX_SPLITS), default=16,
               show_default=True,
               help="S of ours_one_split (min_blocks_per_split=1, max_splits=S).")
-@click.option("--plan", "plans", multiple=True, metavar="MIN_BLOCKS:MAX_SPLITS[:BLOCK_KV[:MERGE]]",
-              help="Also time ours with these plan knobs (block_kv 64 and merge auto unless given), one row "
-                   "each (ours_m<MIN>_s<MAX>, or ours_kv<BLOCK_KV>_m<MIN>_s<MAX>, then _fused or _kernel).")
-@click.option("--plan-space", callback=_plan_space, metavar="BLOCK_KVS:MIN_BLOCKS:MAX_SPLITS[:MERGES]",
+@click.option("--plan", "plans", multiple=True, metavar="MIN_BLOCKS:MAX_SPLITS[:BLOCK_KV[:MERGE[:SPLIT_PLAN]]]",
+              help="Also time ours with these plan knobs (block_kv 64, merge auto and split plan fixed unless "
+                   "given), one row each (ours_m<MIN>_s<MAX>, or ours_kv<BLOCK_KV>_m<MIN>_s<MAX>, then _fused or "
+                   "_kernel, then _load_aware).")
+@click.option("--plan-space", callback=_plan_space, metavar="BLOCK_KVS:MIN_BLOCKS:MAX_SPLITS[:MERGES[:SPLIT_PLANS]]",
               help="Also time ours at every combination of these comma lists "
-                   "(64,128:1,2,4,8,16:8,16,32,64, or with :fused,kernel), one row each named as --plan rows "
-                   "are; block_kvs not built at --head-dim and points already given by --plan are left out.")
+                   "(64,128:1,2,4,8,16:8,16,32,64, or with :fused,kernel and :fixed,load_aware), one row each "
+                   "named as --plan rows are; block_kvs not built at --head-dim and points already given by --plan "
+                   "are left out.")
 @click.option("--wider", multiple=True, type=click.IntRange(2, 1024),
               help="Also time ours behind a block table this many times wider (ours_wide<N>).")
 @click.option("--eager", is_flag=True,
@@ -162,8 +169,8 @@ def _expand_plan_space(plan_space, head_dim: int, plans) -> list[tuple]:
     """The ``--plan-space`` points to time besides ``plans``; a usage error when none of its
     block_kvs is built at ``head_dim``, a note on stderr when some are not."""
     from splitkv_tune.compare_batch import expand_plan_space
-    block_kvs, min_blocks, max_splits, merges = plan_space
-    added, dropped = expand_plan_space(block_kvs, min_blocks, max_splits, head_dim, plans, merges)
+    block_kvs, min_blocks, max_splits, merges, split_plans = plan_space
+    added, dropped = expand_plan_space(block_kvs, min_blocks, max_splits, head_dim, plans, merges, split_plans)
     allowed = tunables.BLOCK_KV_BY_HEAD_DIM[head_dim]
     if len(dropped) == len(set(block_kvs)):
         raise click.BadParameter(f"no block_kv of {dropped} is built at --head-dim {head_dim} (choose from "
@@ -239,7 +246,7 @@ def _gpu(ctx, param, value):
               help="The batch table to write: CSV, or JSON (schemas/batch_table.schema.json) when it ends in .json.")
 @exit_2_on_bad_input
 def batch_table(csvs, gpu, output):
-    """The batch-class table (schema v2): per batch class of the compare-batch CSVs, the knobs of
+    """The batch-class table (schema v3): per batch class of the compare-batch CSVs, the knobs of
     the fastest of our rows (ours, ours_one_split, --plan rows), ties to the smaller max_splits."""
     from splitkv_tune import batch_table as bt
     from splitkv_tune.batch_table_json import write_batch_table_json

@@ -181,7 +181,7 @@ def _select_paged(shape: Shape, gpu, as_json: bool, lengths, page_size: int, bat
                                   q_heads=shape.q_heads, kv_heads=shape.kv_heads, q_len=shape.q_len,
                                   page_size=page_size, lengths=lengths, num_sms=profile.sms)
         bkv, min_blocks, bound, why = knobs.block_kv, knobs.min_blocks_per_split, knobs.max_splits, knobs.reason
-        extra = {"merge": knobs.merge, "batch_table": batch_table}
+        extra = {"merge": knobs.merge, "split_plan": knobs.split_plan, "batch_table": batch_table}
     choice = {"block_kv": bkv, "min_blocks_per_split": min_blocks, "max_splits": bound, **extra,
               "splits_at_capacity": _rules.live_splits(shape.kv_len, bkv, min_blocks, bound),
               "why": why,
@@ -192,7 +192,7 @@ def _select_paged(shape: Shape, gpu, as_json: bool, lengths, page_size: int, bat
         import json
         click.echo(json.dumps(choice, indent=2))
         return
-    merge = f" merge={extra['merge']}" if extra else ""
+    merge = f" merge={extra['merge']} split_plan={extra['split_plan']}" if extra else ""
     click.echo(f"paged knobs: block_kv={bkv} min_blocks_per_split={min_blocks} max_splits={bound}{merge}")
     click.echo(f"why: {why}")
     if extra:

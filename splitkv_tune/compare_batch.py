@@ -12,8 +12,8 @@ timed, in one process and one run, by every implementation:
   ``flashinfer_xqa`` (decode only) and ``flashinfer_prefill`` (any Sq; not in the defaults);
 * ``sdpa_cudnn``: cuDNN SDPA on the batch padded to its longest sequence, unmasked: it reads
   ``max_len`` keys per sequence, so its output is not checked;
-* ``ours_load_aware``: ours with ``min_blocks_per_split="load_aware"``, the knob chosen per
-  launch from the lengths (``plan.plan_min_blocks``); no knob columns, as the knob is not fixed;
+* ``ours_load_aware``: ours with ``split_plan="load_aware"``, ``min_blocks_per_split`` chosen
+  per launch from the lengths among the ``"auto"`` knob's multiples (``plan.plan_min_blocks``);
 * ``ours_contiguous``: ours with the same lengths in a padded contiguous cache (the paged
   path's overhead); for a batch of equal lengths also ``ours_equal_length`` (the equal-length
   call without ``cache_seqlens``, at the plan's split count and ``block_kv``) and ``ours_table``
@@ -58,7 +58,7 @@ TOLERANCE = {"bf16": 2e-2, "fp16": 1e-2}
 # Of the device's free memory, what the padded copies of sdpa_cudnn may take.
 PADDED_MEMORY_SHARE = 0.8
 SDPA_NOTE = "padded to max_len and unmasked: reads max_len keys per sequence; output not checked"
-KNOB_COLUMNS = ["block_kv", "min_blocks_per_split", "max_splits", "merge"]
+KNOB_COLUMNS = ["block_kv", "min_blocks_per_split", "max_splits", "merge", "split_plan"]
 # The knobs come last, so that a reader of the older CSVs finds their columns where they were.
 COLUMNS = [
     "label", "batch", "min_len", "max_len", "mean_len", "total_len", "page_size", "q_heads",
@@ -151,9 +151,10 @@ def _num_sms(device) -> int | None:
 
 
 def _knob_columns(shape: Shape, num_sms: int | None, block_kv="auto", min_blocks_per_split="auto",
-                  max_splits="auto", merge="auto") -> dict:
+                  max_splits="auto", merge="auto", split_plan="fixed") -> dict:
     """A live-path row's ``KNOB_COLUMNS``, resolved as the call resolves them; empty without an
-    SM count. ``merge``: what the call's merge is when a sequence splits (``tunables.split_merge``)."""
+    SM count. ``merge``: what the call's merge is when a sequence splits (``tunables.split_merge``);
+    ``min_blocks_per_split`` of a load-aware row: the base its launches choose from."""
     if num_sms is None:
         return {}
     from splitkv_tune import live
@@ -162,7 +163,7 @@ def _knob_columns(shape: Shape, num_sms: int | None, block_kv="auto", min_blocks
                                    block_kv, min_blocks_per_split, max_splits)
     except ValueError:  # knobs the call refuses: its row fails and says why
         return {}
-    return dict(zip(KNOB_COLUMNS, (*knobs, tunables.split_merge(shape, merge))))
+    return dict(zip(KNOB_COLUMNS, (*knobs, tunables.split_merge(shape, merge), split_plan)))
 
 
 def _plan_splits(shape: Shape, device) -> int:
@@ -301,27 +302,48 @@ def _check(name, out, expected, source, tol) -> tuple[str, float, bool]:
 PLAN_BLOCK_KV = 64
 
 
-def plan_point(min_blocks: int, max_splits: int, block_kv: int = PLAN_BLOCK_KV, merge: str = "auto") -> tuple:
+def plan_point(min_blocks: int, max_splits: int, block_kv: int = PLAN_BLOCK_KV, merge: str = "auto",
+               split_plan: str = "fixed") -> tuple:
     """A plan row's knobs as the tuple ``plans`` take: ``(min_blocks_per_split, max_splits,
-    block_kv)``, with the merge as a fourth element when it is not ``"auto"``.
+    block_kv)``, then the merge when it is not ``"auto"`` or the split plan is not ``"fixed"``,
+    then the split plan when it is not ``"fixed"``.
 
-    >>> plan_point(4, 32), plan_point(4, 32, 64, "kernel")
-    ((4, 32, 64), (4, 32, 64, 'kernel'))
+    >>> plan_point(4, 32), plan_point(4, 32, 64, "kernel"), plan_point(4, 32, 64, "auto", "load_aware")
+    ((4, 32, 64), (4, 32, 64, 'kernel'), (4, 32, 64, 'auto', 'load_aware'))
     """
+    if split_plan != "fixed":
+        return min_blocks, max_splits, block_kv, merge, split_plan
     return (min_blocks, max_splits, block_kv) if merge == "auto" else (min_blocks, max_splits, block_kv, merge)
 
 
-def plan_row_name(min_blocks: int, max_splits: int, block_kv: int = PLAN_BLOCK_KV, merge: str = "auto") -> str:
+def plan_knobs(point: tuple) -> dict:
+    """A ``plan_point`` (or a shorter ``--plan`` tuple) as the call's keywords.
+
+    >>> plan_knobs((4, 32))
+    {'block_kv': 64, 'min_blocks_per_split': 4, 'max_splits': 32, 'merge': 'auto', 'split_plan': 'fixed'}
+    >>> plan_knobs((4, 32, 128, "kernel"))["split_plan"], plan_knobs((4, 32, 64, "auto", "load_aware"))["merge"]
+    ('fixed', 'auto')
+    """
+    min_blocks, max_splits, block_kv, *rest = plan_point(*point)
+    merge = rest[0] if rest else "auto"
+    split_plan = rest[1] if len(rest) > 1 else "fixed"
+    return dict(block_kv=block_kv, min_blocks_per_split=min_blocks, max_splits=max_splits, merge=merge,
+                split_plan=split_plan)
+
+
+def plan_row_name(min_blocks: int, max_splits: int, block_kv: int = PLAN_BLOCK_KV, merge: str = "auto",
+                  split_plan: str = "fixed") -> str:
     """The ``impl`` of a plan row: ``ours_m<min>_s<max>``, ``ours_kv<block_kv>_m<min>_s<max>``
     at a block_kv other than ``PLAN_BLOCK_KV``, then ``_fused`` or ``_kernel`` for a merge
-    other than ``"auto"``."""
+    other than ``"auto"``, then ``_load_aware`` for that split plan."""
     prefix = "ours" if block_kv == PLAN_BLOCK_KV else f"ours_kv{block_kv}"
-    return f"{prefix}_m{min_blocks}_s{max_splits}" + ("" if merge == "auto" else f"_{merge}")
+    return (f"{prefix}_m{min_blocks}_s{max_splits}" + ("" if merge == "auto" else f"_{merge}")
+            + ("" if split_plan == "fixed" else f"_{split_plan}"))
 
 
-def check_plan_space(block_kvs, min_blocks, max_splits, merges=("auto",)) -> None:
+def check_plan_space(block_kvs, min_blocks, max_splits, merges=("auto",), split_plans=("fixed",)) -> None:
     """``ValueError`` naming the knob of the first value in these lists that the paged call
-    refuses (``plan.check_plan_knobs``, ``tunables.check_merge``)."""
+    refuses (``plan.check_plan_knobs``, ``tunables.check_merge``, ``plan.check_split_plan``)."""
     for block_kv in block_kvs:
         plan.check_plan_knobs(block_kv, 1, 1)
     for value in min_blocks:
@@ -330,19 +352,23 @@ def check_plan_space(block_kvs, min_blocks, max_splits, merges=("auto",)) -> Non
         plan.check_plan_knobs(PLAN_BLOCK_KV, 1, value)
     for merge in merges:
         tunables.check_merge(merge)
+    for split_plan in split_plans:
+        plan.check_split_plan(split_plan)
 
 
 def expand_plan_space(block_kvs, min_blocks, max_splits, head_dim: int, plans=(),
-                      merges=("auto",)) -> tuple[list[tuple], list[int]]:
-    """Every ``plan_point`` of the product, block_kv outermost and merge innermost, less those
-    already in ``plans`` (``--plan`` tuples; one without block_kv is at ``PLAN_BLOCK_KV``), and
-    the block_kvs dropped as not instantiated at ``head_dim`` (``tunables.BLOCK_KV_BY_HEAD_DIM``):
-    ``(plans to add, dropped block_kvs)``.
+                      merges=("auto",), split_plans=("fixed",)) -> tuple[list[tuple], list[int]]:
+    """Every ``plan_point`` of the product, block_kv outermost and the split plan innermost, less
+    those already in ``plans`` (``--plan`` tuples; one without block_kv is at ``PLAN_BLOCK_KV``),
+    and the block_kvs dropped as not instantiated at ``head_dim``
+    (``tunables.BLOCK_KV_BY_HEAD_DIM``): ``(plans to add, dropped block_kvs)``.
 
     >>> expand_plan_space([64, 128], [1, 2], [8], 256, plans=[(2, 8)])
     ([(1, 8, 64)], [128])
     >>> expand_plan_space([64], [1], [8], 128, merges=["fused", "kernel"])
     ([(1, 8, 64, 'fused'), (1, 8, 64, 'kernel')], [])
+    >>> expand_plan_space([64], [1], [8], 128, split_plans=["fixed", "load_aware"])
+    ([(1, 8, 64), (1, 8, 64, 'auto', 'load_aware')], [])
     """
     allowed = tunables.BLOCK_KV_BY_HEAD_DIM[head_dim]
     taken = {plan_point(*p) for p in plans}
@@ -350,9 +376,10 @@ def expand_plan_space(block_kvs, min_blocks, max_splits, head_dim: int, plans=()
     for block_kv in dict.fromkeys(block_kvs):
         if block_kv not in allowed:
             continue
-        for min_b, max_s, merge in itertools.product(dict.fromkeys(min_blocks), dict.fromkeys(max_splits),
-                                                     dict.fromkeys(merges)):
-            point = plan_point(min_b, max_s, block_kv, merge)
+        for min_b, max_s, merge, split_plan in itertools.product(
+                dict.fromkeys(min_blocks), dict.fromkeys(max_splits), dict.fromkeys(merges),
+                dict.fromkeys(split_plans)):
+            point = plan_point(min_b, max_s, block_kv, merge, split_plan)
             if point not in taken:
                 taken.add(point)
                 added.append(point)
@@ -418,11 +445,11 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
                       f"min_blocks_per_split=1, max_splits={one_split}", None,
                       _knob_columns(shape, num_sms, min_blocks_per_split=1, max_splits=one_split)))
     for point in plans:
-        min_blocks, max_splits, block_kv, *rest = plan_point(*point)
-        merge = rest[0] if rest else "auto"
-        knobs = dict(block_kv=block_kv, min_blocks_per_split=min_blocks, max_splits=max_splits, merge=merge)
-        impls.append((plan_row_name(min_blocks, max_splits, block_kv, merge), functools.partial(_ours, sets, **knobs),
-                      ", ".join(f"{k}={v}" for k, v in knobs.items() if v != "auto"), None,
+        knobs = plan_knobs(point)
+        name = plan_row_name(knobs["min_blocks_per_split"], knobs["max_splits"], knobs["block_kv"], knobs["merge"],
+                             knobs["split_plan"])
+        impls.append((name, functools.partial(_ours, sets, **knobs),
+                      ", ".join(f"{k}={v}" for k, v in knobs.items() if v not in ("auto", "fixed")), None,
                       _knob_columns(shape, num_sms, **knobs)))
     page_bytes = first.k_pool[0].numel() * first.k_pool.element_size()
     for mult in wider:
@@ -432,8 +459,9 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
                       _memory_problem(2 * len(sets) * pages * page_bytes, device, f"the {mult}x wider pools"),
                       auto_knobs))
     if layout_rows:
-        impls.append(("ours_load_aware", lambda: _ours(sets, min_blocks_per_split="load_aware"),
-                      "min_blocks_per_split='load_aware': chosen per launch from the lengths", None, {}))
+        impls.append(("ours_load_aware", lambda: _ours(sets, split_plan="load_aware"),
+                      "split_plan='load_aware': min_blocks_per_split chosen per launch from the lengths", None,
+                      _knob_columns(shape, num_sms, split_plan="load_aware")))
         # Every set is padded into a contiguous cache of its own.
         contiguous = _memory_problem(len(sets) * _padded_bytes(shape), device, "the padded contiguous caches")
         impls.append(("ours_contiguous", lambda: _ours_contiguous(sets),
@@ -492,7 +520,7 @@ def run_compare_batch(lengths, *, q_heads: int = 32, kv_heads: int = 8, head_dim
                  "host_us": math.nan, "eager_us": math.nan})
     frame = pd.DataFrame(rows, columns=COLUMNS + (EAGER_COLUMNS if eager else []))
     # Nullable ints: a knob is written 64, not 64.0, beside the rows that have none.
-    return frame.astype({c: "Int64" for c in KNOB_COLUMNS if c != "merge"})
+    return frame.astype({c: "Int64" for c in KNOB_COLUMNS[:3]})
 
 
 def run_compare_batches(texts, *, device=None, timing: dict | None = None, progress=None,

@@ -115,12 +115,15 @@ def _render_batch_classes(gpu: str, records: list[dict]) -> str:
     one GPU's batch-table records, none for the "auto" knobs alone."""
     from splitkv_tune.batch_select import PAGE_SCALE, class_order
     from splitkv_tune.batch_table import CLASS_COLUMNS, LABEL_RE
+    from splitkv_tune.plan import SPLIT_PLANS
     merges = {name: i for i, name in enumerate(tunables.MERGES)}
+    split_plans = {name: i for i, name in enumerate(SPLIT_PLANS)}
     dtypes = tunables.dtype_codes()
     rows = []
     for rec in sorted(records, key=class_order):
         values = [dtypes[rec["dtype"]]] + [rec[c] for c in CLASS_COLUMNS[1:]]
-        values += [rec["block_kv"], rec["min_blocks_per_split"], rec["max_splits"], merges[rec["merge"]]]
+        values += [rec["block_kv"], rec["min_blocks_per_split"], rec["max_splits"], merges[rec["merge"]],
+                   split_plans[rec["split_plan"]]]
         values += [log2_q16(rec[c]) for c in ("batch", "len_max", "len_mean", "page_size")]
         if not LABEL_RE.fullmatch(rec["lengths"]):  # the reader checked it; a comment must not end early
             raise TableError("<export>", f"refusing to emit lengths {rec['lengths']!r}")
@@ -153,6 +156,16 @@ def _merge_codes() -> str:
     return ", ".join(f"kMerge{name.capitalize()} = {i}" for i, name in enumerate(tunables.MERGES))
 
 
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def _split_plan_codes() -> dict[str, str]:
+    from splitkv_tune.plan import SPLIT_PLANS
+    return {"SPLITPLANCODES": ", ".join(f"kSplitPlan{_camel(name)} = {i}" for i, name in enumerate(SPLIT_PLANS)),
+            "SPLITPLANNAMES": ", ".join(f'"{name}"' for name in SPLIT_PLANS)}
+
+
 def render_cpp_header(tables, model: CostModel = MODEL, batch_classes=()) -> str:
     """Text of the header for one :class:`HeuristicTable` or a list of them (one per GPU);
     ``batch_classes``: batch-table records (``batch_table_json.read_batch_table_file``) of some
@@ -182,7 +195,8 @@ def render_cpp_header(tables, model: CostModel = MODEL, batch_classes=()) -> str
     runs = sorted({_safe(r) for t in tables for r in t.run_ids})
     head = _fill(_template("banner"), {"VERSION": _safe(__version__), "GPUS": ", ".join(gpus),
                                        "SCHEMA": str(SCHEMA_VERSION), "RUNS": " ".join(runs),
-                                       "RULES": embedded_rules(), "GUARD": guard, "MERGECODES": _merge_codes()})
+                                       "RULES": embedded_rules(), "GUARD": guard, "MERGECODES": _merge_codes(),
+                                       **_split_plan_codes()})
     body = "".join(_render_namespace(t, model) + "\n"
                    + _render_batch_classes(t.gpu, batch_tables.get(normalize_gpu_name(t.gpu), [])) + "\n"
                    for t in tables)

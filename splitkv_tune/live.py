@@ -8,12 +8,14 @@ cache's capacity. The knobs are fixed per call signature (and so at capture):
 
 * ``block_kv`` (keys per pipeline tile): ``"auto"`` is :data:`DEFAULT_BLOCK_KV`.
 * ``min_blocks_per_split``: a sequence gets one split per this many blocks of ``block_kv``
-  keys; ``"auto"`` is :func:`default_min_keys_per_split`'s keys' worth. ``"load_aware"`` lets
+  keys; ``"auto"`` is :func:`default_min_keys_per_split`'s keys' worth.
+* ``split_plan``: ``"fixed"`` uses ``min_blocks_per_split`` as given; ``"load_aware"`` lets
   each launch with ``cache_seqlens`` choose it from the live lengths (the load-aware plan,
-  :func:`splitkv_tune.plan.plan_min_blocks`): that default times 1, 2, 4, ..., whichever the
+  :func:`splitkv_tune.plan.plan_min_blocks`): that knob times 1, 2, 4, ..., whichever the
   plan's estimate of the schedule finishes first. It wins on batches of similar lengths (16 x
-  8K: 7% faster, 4 x 32K: 16%) and costs every launch about 2 µs, so it is not the default; a
-  sequence's bits then depend on the other lengths.
+  8K: 7-9% faster, 4 x 32K: 16-18%) and costs every launch about 2 µs, so it is not the
+  default (the batch table chooses it per class); a sequence's bits then depend on the other
+  lengths.
 * ``max_splits``: the bound on any sequence's splits, which sizes the workspace (the grid is
   persistent, ``tile_scheduler.h``); ``"auto"`` is :func:`default_max_splits` (enough splits
   for one sequence to fill the GPU twice over, fewer in a large batch).
@@ -91,7 +93,7 @@ def explain_knobs(batch: int, head_dim: int, kv_heads: int, packed_rows: int, nu
             f"within [{low}, {high}]; max_splits {bound}: {WAVES_PER_SEQUENCE} waves for one sequence give "
             f"{one_sequence}, at most {CAPACITY_ITEMS_PER_SM} work items per SM {capacity_cap} (at least "
             f"{floor}: {MIN_MAX_SPLITS} or a power of two within half a wave of one sequence), at most "
-            f"{tunables.MAX_SPLITS}; with min_blocks_per_split='load_aware' each launch chooses it among "
+            f"{tunables.MAX_SPLITS}; with split_plan='load_aware' each launch chooses min_blocks_per_split among "
             f"{', '.join(str(min_blocks << j) for j in range(_rules.live_plan_choices(min_blocks, bkv)))} "
             f"from the live lengths")
 
@@ -114,11 +116,10 @@ def resolve_knobs(batch: int, head_dim: int, kv_heads: int, packed_rows: int, nu
     allowed = tunables.BLOCK_KV_BY_HEAD_DIM[head_dim]
     if isinstance(block_kv, bool) or block_kv not in allowed:
         raise ValueError(f"block_kv must be one of {allowed} at head_dim {head_dim}, got {block_kv!r}")
-    if min_blocks_per_split in ("auto", "load_aware"):
+    if min_blocks_per_split == "auto":
         min_blocks_per_split = max(1, default_min_keys_per_split(batch, kv_heads, packed_rows, num_sms) // block_kv)
     elif isinstance(min_blocks_per_split, str):
-        raise ValueError(f"min_blocks_per_split must be a positive integer, 'auto' or 'load_aware', "
-                         f"got {min_blocks_per_split!r}")
+        raise ValueError(f"min_blocks_per_split must be a positive integer or 'auto', got {min_blocks_per_split!r}")
     if max_splits == "auto":
         max_splits = default_max_splits(batch, kv_heads, packed_rows, num_sms)
     plan.check_plan_knobs(block_kv, min_blocks_per_split, max_splits)
@@ -149,8 +150,8 @@ def workspace_size(q: torch.Tensor, max_splits: int) -> int:
 
 
 def launch_grid(q: torch.Tensor, kv_heads: int, block_kv: int, min_blocks_per_split: int, max_splits: int) -> int:
-    """CTAs of a load-aware paged launch (``min_blocks_per_split="load_aware"``, resolved to
-    ``min_blocks_per_split``) of q's shape with these knobs on q's device: the persistent grid
+    """CTAs of a load-aware paged launch (``split_plan="load_aware"``, its ``min_blocks_per_split``
+    resolved) of q's shape with these knobs on q's device: the persistent grid
     (as many CTAs as the GPU holds at once, fewer when the batch's work items are fewer), among
     which the plan divides the batch (``reference.splitkv_attention_ref(..., plan_ctas=...)``)."""
     from splitkv_tune.ops import _DTYPES, _extension
@@ -164,7 +165,7 @@ def launch_grid(q: torch.Tensor, kv_heads: int, block_kv: int, min_blocks_per_sp
 
 @torch.compiler.assume_constant_result
 def _launch_knobs(device_index: int, dtype: str, batch: int, head_dim: int, kv_heads: int, q_len: int, group: int,
-                  capacity: int, block_kv, min_blocks_per_split, max_splits, uniform: bool,
+                  capacity: int, block_kv, min_blocks_per_split, max_splits, split_plan: str, uniform: bool,
                   merge: str) -> tuple[int, int, int, bool, int]:
     # The call's signature alone decides these (evaluated once at trace time under torch.compile):
     # (block_kv, min_blocks_per_split, launch splits, fused merge, the plan's choices).
@@ -173,14 +174,14 @@ def _launch_knobs(device_index: int, dtype: str, batch: int, head_dim: int, kv_h
     bkv, min_blocks, bound = resolve_knobs(batch, head_dim, kv_heads, q_len * group, _device_info(device_index)[1],
                                            block_kv, min_blocks_per_split, max_splits)
     splits = _rules.live_splits(capacity, bkv, min_blocks, bound) if uniform else bound
-    load_aware = min_blocks_per_split == "load_aware" and not uniform
+    load_aware = plan.check_split_plan(split_plan) == "load_aware" and not uniform
     choices = _rules.live_plan_choices(min_blocks, bkv) if load_aware else 1
     shape = Shape(dtype, head_dim, 1, kv_heads * group, kv_heads, q_len, capacity)
     return bkv, min_blocks, splits, resolve_merge(shape, Config(num_splits=splits), merge) == "fused", choices
 
 
 def launch_args(q, k, v, *, cache_seqlens, block_table, causal, block_kv, min_blocks_per_split, max_splits,
-                num_splits, split_policy, reduce_threads, merge, check_inputs) -> tuple:
+                split_plan, num_splits, split_policy, reduce_threads, merge, check_inputs) -> tuple:
     """Checks one paged / variable-length call (see ``splitkv_attention``) and returns the launch
     arguments after ``softmax_scale``: ``(splits, block_kv, reduce_threads, policy code, fused,
     cache_seqlens, block_table, min_blocks_per_split, plan choices)``. Without ``cache_seqlens``
@@ -203,7 +204,7 @@ def launch_args(q, k, v, *, cache_seqlens, block_table, causal, block_kv, min_bl
     block_kv, min_blocks_per_split, max_splits = (tunables.integer_or_auto(n, v) for n, v in knobs.items())
     bkv, min_blocks, splits, fused, choices = _launch_knobs(
         q.device.index, _DTYPES[q.dtype], int(q.shape[0]), head_dim, kv_heads, q_len, group, capacity, block_kv,
-        min_blocks_per_split, max_splits, cache_seqlens is None, merge)
+        min_blocks_per_split, max_splits, split_plan, cache_seqlens is None, merge)
     threads = 128 if reduce_threads == "auto" else reduce_threads
     Config(reduce_threads=threads).validate()
     if check_inputs and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():

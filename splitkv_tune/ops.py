@@ -278,7 +278,7 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
                       block_kv="auto", reduce_threads="auto", split_policy="auto",
                       merge="auto", workspace=None, return_lse=False, enable_pdl=True,
                       cache_seqlens=None, block_table=None, max_splits="auto",
-                      min_blocks_per_split="auto", check_inputs=True):
+                      min_blocks_per_split="auto", split_plan="fixed", check_inputs=True):
     """Split-KV attention forward.
 
     q ``(B, Sq, Hq, D)``, k and v ``(B, Sk, Hkv, D)``, fp16 or bf16 on one CUDA device,
@@ -304,10 +304,10 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
     (``live_splits(len, block_kv, min_blocks_per_split, max_splits)``; see
     :mod:`splitkv_tune.live` for the ``"auto"`` knobs), so a captured graph replays any mix
     of lengths; ``num_splits`` and ``split_policy`` do not apply. ``max_splits`` sizes the
-    workspace (``live.workspace_size(q, max_splits)``). With
-    ``min_blocks_per_split="load_aware"`` and ``cache_seqlens`` each launch chooses that knob
-    from all the live lengths (the load-aware plan, ``plan.plan_min_blocks``), and a sequence's
-    bits depend on the batch. Otherwise a sequence's output bits depend only on its own q,
+    workspace (``live.workspace_size(q, max_splits)``). With ``split_plan="load_aware"`` and
+    ``cache_seqlens`` each launch chooses ``min_blocks_per_split`` among that knob times 1, 2,
+    4, ... from all the live lengths (the load-aware plan, ``plan.plan_min_blocks``), and a
+    sequence's bits depend on the batch. Otherwise a sequence's output bits depend only on its own q,
     keys, length and the knobs, never on the other sequences' lengths or the table's width;
     the ``"auto"`` knobs follow the batch size B (fixed in a captured graph), so pass them
     explicitly for bits that do not change with B either. ``check_inputs``
@@ -319,7 +319,10 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
     if cache_seqlens is not None or block_table is not None:
         return _live_call(q, k, v, cache_seqlens, block_table, causal, softmax_scale, num_splits, block_kv,
                           reduce_threads, split_policy, merge, workspace, return_lse, enable_pdl, max_splits,
-                          min_blocks_per_split, check_inputs)
+                          min_blocks_per_split, split_plan, check_inputs)
+    if not (max_splits == "auto" and min_blocks_per_split == "auto" and split_plan == "fixed"):
+        raise ValueError("max_splits, min_blocks_per_split and split_plan apply to paged or variable-length "
+                         "batches (cache_seqlens or block_table); an equal-length batch takes num_splits")
     if torch.compiler.is_compiling():
         given = dict(zip(_TUNABLES, (num_splits, block_kv, reduce_threads, split_policy)))
         out, lse = _traced_call(q, k, v, causal, softmax_scale, given, merge, workspace, return_lse,
@@ -331,13 +334,13 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
 
 def _live_call(q, k, v, cache_seqlens, block_table, causal, softmax_scale, num_splits, block_kv, reduce_threads,
                split_policy, merge, workspace, return_lse, enable_pdl, max_splits, min_blocks_per_split,
-               check_inputs):
+               split_plan, check_inputs):
     """A paged / variable-length call (:mod:`splitkv_tune.live`), eager or traced."""
     from splitkv_tune import live
 
     args = live.launch_args(q, k, v, cache_seqlens=cache_seqlens, block_table=block_table, causal=causal,
                             block_kv=block_kv, min_blocks_per_split=min_blocks_per_split, max_splits=max_splits,
-                            num_splits=num_splits, split_policy=split_policy, reduce_threads=reduce_threads,
+                            split_plan=split_plan, num_splits=num_splits, split_policy=split_policy, reduce_threads=reduce_threads,
                             merge=merge, check_inputs=check_inputs)
     scale = _check_scalars(softmax_scale, merge, enable_pdl, int(q.shape[3]))
     _check_workspace(q, workspace)

@@ -9,8 +9,8 @@ min_blocks_per_split, max_splits)`` splits, and split ``s`` of them covers the k
 the sequence's own end. Neither the cache's capacity nor the block table's width nor the other
 sequences enter, so a sequence's output bits depend only on its own q, keys and length and the
 knobs (``block_kv``, ``min_blocks_per_split``, ``max_splits``). When the call's
-``min_blocks_per_split`` is ``"load_aware"``, the launch first chooses that knob from all the
-lengths (:func:`plan_min_blocks`, the load-aware plan): the bits then depend on the batch too.
+``split_plan`` is ``"load_aware"``, the launch first chooses that knob from all the lengths
+(:func:`plan_min_blocks`, the load-aware plan): the bits then depend on the batch too.
 
 Layouts: contiguous ``k``/``v`` ``(B, Sk_capacity, Hkv, D)``; paged pools
 ``(num_pages, page_size, Hkv, D)`` (NHD, as vLLM and FlashInfer store them).
@@ -28,6 +28,10 @@ import torch
 from splitkv_tune import _rules, tunables
 
 PAGE_SIZES = (1, 16, 32, 64, 128, 256)  # 1: SGLang's token-granular pool
+# How a launch turns live lengths into split counts: "fixed", min_blocks_per_split as given;
+# "load_aware", the launch chooses it among min_blocks_per_split x 1, 2, 4, ... from all the
+# lengths (plan_min_blocks).
+SPLIT_PLANS = ("fixed", "load_aware")
 MAX_CTAS = _rules.MAX_LIVE_CTAS  # the most CTAs a launch's grid can have: the load-aware plan's range
 
 
@@ -166,6 +170,13 @@ def check_plan_knobs(block_kv: int, min_blocks_per_split: int, max_splits: int) 
         raise ValueError(f"min_blocks_per_split must be a positive integer, got {min_blocks_per_split!r}")
 
 
+def check_split_plan(split_plan) -> str:
+    """``split_plan`` when it is one of ``SPLIT_PLANS``; ``ValueError`` naming it otherwise."""
+    if not isinstance(split_plan, str) or split_plan not in SPLIT_PLANS:
+        raise ValueError(f"split_plan must be one of {SPLIT_PLANS}, got {split_plan!r}")
+    return split_plan
+
+
 def live_splits(live_len: int, block_kv: int, min_blocks_per_split: int, max_splits: int) -> int:
     """Splits of one sequence (rules.h).
 
@@ -184,8 +195,8 @@ def check_ctas(ctas, name: str = "ctas") -> None:
 def plan_min_blocks(lengths, *, kv_heads: int, packed_rows: int, ctas: int, block_kv: int,
                     min_blocks_per_split: int, max_splits: int) -> int:
     """The load-aware plan's knob (rules.h ``live_plan_min_blocks``): what a launch of ``ctas``
-    CTAs whose ``min_blocks_per_split`` is ``"load_aware"`` (its base resolved to
-    ``min_blocks_per_split``, as ``"auto"`` resolves) uses for these live lengths: that knob
+    CTAs whose ``split_plan`` is ``"load_aware"`` (its base ``min_blocks_per_split`` as given,
+    ``"auto"`` resolved) uses for these live lengths: that knob
     times 1, 2, 4, ... (``_rules.live_plan_choices``), the one whose schedule finishes first by
     the rule's estimate, and the knob itself unless another gains 5%. Splits of about one item
     per CTA for a batch of equal lengths, finer ones where a few long sequences leave CTAs to

@@ -258,8 +258,8 @@ def splitkv_attention_ref(q, k, v, *, causal=False, softmax_scale=None, num_spli
     ``min_blocks_per_split`` are its knobs; ``num_splits`` must stay 1), causal masks are
     aligned to each sequence's own end, and a sequence of length 0 gets ``out = 0`` and
     ``lse = -inf``. ``plan_ctas``: apply the load-aware plan of a launch of that many CTAs
-    (``live.launch_grid``), as the kernel does when its ``min_blocks_per_split`` is
-    ``"load_aware"`` and ``cache_seqlens`` is given (without it every sequence holds the
+    (``live.launch_grid``), as the kernel does when its ``split_plan`` is ``"load_aware"`` and
+    ``cache_seqlens`` is given (without it every sequence holds the
     capacity and the knob is used as given): ``min_blocks_per_split`` is then the base it
     chooses from
     (``plan.plan_min_blocks``); None uses the knob as given.

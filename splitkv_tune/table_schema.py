@@ -187,9 +187,9 @@ def _check_heuristics_records(records: list[dict], source) -> None:
 
 
 def _refuse_batch_table(columns, source) -> None:
-    """A schema v2 batch-class table is not a v1 shape table: say so, and what reads it."""
+    """A batch-class table (schema v2 or v3) is not a v1 shape table: say so, and what reads it."""
     if "len_max" in columns and "kv_len" not in columns:
-        raise TableError(source, "this is a batch-class table (schema v2, from `splitkv-tune batch-table`), "
+        raise TableError(source, "this is a batch-class table (schema v3, from `splitkv-tune batch-table`), "
                                  "not a v1 shape table: read it with splitkv_tune.batch_table.read_batch_table")
 
 

@@ -28,9 +28,9 @@ GRID = {
 SMS = 132
 
 
-def table_row(lengths="skewed:16:65536:1024", knobs=(64, 4, 32, "fused")):
+def table_row(lengths="skewed:16:65536:1024", knobs=(64, 4, 32, "fused", "fixed")):
     s = batches.describe(batches.parse_lengths(lengths))
-    rec = {"schema_version": 2, "gpu": "nvidia_h200", **HEAD, "page_size": 64, "batch": s["batch"],
+    rec = {"schema_version": 3, "gpu": "nvidia_h200", **HEAD, "page_size": 64, "batch": s["batch"],
            "len_max": s["max"], "len_mean": s["total"] // s["batch"], "lengths": lengths,
            "median_us": 90.0, "p20_us": 89.0, "p80_us": 91.0, "noise_margin": 0.01, "n_trials": 20,
            "source": "batches.csv"}
@@ -71,13 +71,13 @@ def test_the_rules_knobs_and_the_plan_rows_they_add():
     batch = grid.batches[0]
     knobs = be.rule_knobs(batch, TABLE, SMS)
     assert set(knobs) == set(be.RULES)
-    assert knobs["selector"] == (64, 4, 32, "fused")  # the table's only class
-    assert knobs["auto"] == (*live.resolve_knobs(8, 128, 8, 4, SMS), "fused")
+    assert knobs["selector"] == (64, 4, 32, "fused", "fixed")  # the table's only class
+    assert knobs["auto"] == (*live.resolve_knobs(8, 128, 8, 4, SMS), "fused", "fixed")
     timed = be.with_rule_plans(grid, TABLE, SMS)
     for before, after in zip(grid.batches, timed.batches):
         assert after.plans[:len(before.plans)] == before.plans
         added = set(after.plans[len(before.plans):])
-        wanted = {(mb, ms, bkv) for rule, (bkv, mb, ms, _) in be.rule_knobs(before, TABLE, SMS).items()
+        wanted = {(mb, ms, bkv) for rule, (bkv, mb, ms, *_) in be.rule_knobs(before, TABLE, SMS).items()
                   if rule != "auto"}
         assert added == wanted - set(before.plans) and len(after.plans) == len(set(after.plans))
     # With no row of the head configuration the selector falls back to the auto rules.
@@ -87,8 +87,9 @@ def test_the_rules_knobs_and_the_plan_rows_they_add():
 def timed_point(point) -> tuple:
     """The knob key of a plan row of this file's grid (``PLAN_KNOBS``): the merge is fused unless
     the plan names one."""
-    min_blocks, max_splits, block_kv, *merge = point
-    return block_kv, min_blocks, max_splits, merge[0] if merge else "fused"
+    knobs = cb.plan_knobs(point)
+    return (knobs["block_kv"], knobs["min_blocks_per_split"], knobs["max_splits"],
+            "fused" if knobs["merge"] == "auto" else knobs["merge"], knobs["split_plan"])
 
 
 def rows_for(batch, times: dict, extra=()):
@@ -222,14 +223,27 @@ def test_bad_input_is_a_clear_error(args, expected, tmp_path, assert_clear_error
 
 
 def test_a_rule_reads_the_row_of_its_own_merge():
-    table = [table_row(knobs=(64, 4, 32, "kernel"))]
+    table = [table_row(knobs=(64, 4, 32, "kernel", "fixed"))]
     grid = bsw.parse_batch_grid(copy.deepcopy(GRID))
     batch = grid.batches[0]
     knobs = be.rule_knobs(batch, table, SMS)
-    assert knobs["selector"] == (64, 4, 32, "kernel") and knobs["fa2"][3] == "fused"
+    assert knobs["selector"] == (64, 4, 32, "kernel", "fixed") and knobs["fa2"][3] == "fused"
     added = be.with_rule_plans(grid, table, SMS).batches[0].plans[len(batch.plans):]
     assert (4, 32, 64, "kernel") in added
-    times = {knobs["auto"]: 70.0, (64, 4, 32, "fused"): 50.0, (64, 4, 32, "kernel"): 60.0}
+    times = {knobs["auto"]: 70.0, (64, 4, 32, "fused", "fixed"): 50.0, (64, 4, 32, "kernel", "fixed"): 60.0}
     first = be.regret_records(grid, rows_for(batch, times), table, SMS)[0]
     assert first["selector_us"] == 60.0 and first["selector_regret"] == pytest.approx(0.2)
-    assert first["oracle_knobs"] == "64/4/32/fused"
+    assert first["oracle_knobs"] == "64/4/32/fused/fixed"
+
+
+def test_a_load_aware_class_is_timed_and_read_at_its_split_plan():
+    table = [table_row(knobs=(64, 4, 32, "fused", "load_aware"))]
+    grid = bsw.parse_batch_grid(copy.deepcopy(GRID))
+    batch = grid.batches[0]
+    knobs = be.rule_knobs(batch, table, SMS)
+    assert knobs["selector"] == (64, 4, 32, "fused", "load_aware")
+    added = be.with_rule_plans(grid, table, SMS).batches[0].plans[len(batch.plans):]
+    assert (4, 32, 64, "auto", "load_aware") in added
+    times = {knobs["auto"]: 70.0, (64, 4, 32, "fused", "fixed"): 66.0, (64, 4, 32, "fused", "load_aware"): 55.0}
+    first = be.regret_records(grid, rows_for(batch, times), table, SMS)[0]
+    assert first["selector_us"] == 55.0 and first["selector_regret"] == 0.0

@@ -93,6 +93,38 @@ def test_a_space_with_merges_times_each_point_with_each():
     assert first.impls()[1:3] == ["ours_m1_s4_fused", "ours_m1_s4_kernel"]
 
 
+def test_a_space_with_split_plans_times_each_point_with_each(tmp_path):
+    raw = copy.deepcopy(GRID)
+    raw["space"]["split_plan"] = ["fixed", "load_aware"]
+    first = bsw.parse_batch_grid(raw).batches[0]
+    assert first.plans[:2] == ((1, 4, 64), (1, 4, 64, "auto", "load_aware")) and len(first.plans) == 8
+    assert first.impls()[1:3] == ["ours_m1_s4", "ours_m1_s4_load_aware"]
+    raw["space"]["split_plan"] = ["greedy"]
+    with pytest.raises(GridError, match="split_plan must be one of"):
+        bsw.parse_batch_grid(raw)
+
+
+def test_a_sweep_csv_from_before_the_split_plan_reads_and_is_rewritten_with_it(tmp_path, ours, monkeypatch):
+    monkeypatch.setattr(cb, "_num_sms", lambda device: 132)  # knob columns filled, as on a GPU
+    out = tmp_path / "rows.csv"
+    sweep(tmp_path)
+    rows = read_csv(out)
+    legacy = [c for c in cb.COLUMNS if c != "split_plan"]
+    with open(out, "w", newline="") as f:
+        writer = csv.DictWriter(f, legacy, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    again = bsw.read_rows(out)
+    assert [r["split_plan"] for r in again] == [r["split_plan"] for r in rows]
+    assert {r["split_plan"] for r in again if r["impl"] != "copy_floor"} == {"fixed"}
+    grid = copy.deepcopy(GRID)
+    grid["lengths"].append("uniform:3:20")  # one batch more: the sweep writes the file again
+    sweep(tmp_path, grid)
+    with open(out, newline="") as f:
+        assert next(csv.reader(f)) == cb.COLUMNS
+    assert [r["split_plan"] for r in read_csv(out)][:len(rows)] == [r["split_plan"] for r in rows]
+
+
 def test_the_space_drops_block_kvs_a_head_dim_does_not_build_and_repeats():
     grid = copy.deepcopy(GRID)
     grid["heads"].append({"dtype": "fp16", "head_dim": 256, "q_heads": 8, "kv_heads": 1, "q_len": 1})
@@ -137,7 +169,7 @@ def _changed(path, value):
     (["lengths", 0], "40 x 3", "lengths[0]: expected a lengths text"),
     (["lengths", 0], 1024, "lengths[0]: expected a lengths text"),
     (["space", "max_splits"], KeyError, "space: expected a mapping of ['block_kv', 'min_blocks_per_split', 'max_splits']"),
-    (["space", "merges"], ["fused"], "and optionally merge"),
+    (["space", "merges"], ["fused"], "and optionally ['merge', 'split_plan']"),
     (["space", "merge"], "fused", "space.merge: expected a non-empty list of merges"),
     (["space", "merge"], ["fast"], "space: merge must be one of"),
     (["space", "block_kv"], [48], "space: block_kv must be one of"),

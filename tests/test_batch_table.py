@@ -1,4 +1,4 @@
-"""The batch-class table (schema v2) on the CPU: built from compare-batch CSVs written in their
+"""The batch-class table (schema v3) on the CPU: built from compare-batch CSVs written in their
 real column layout, the winner and tie rule, the round trip, every validation error, the
 selector's nearest class and fallback, and the ``batch-table`` and ``select --paged`` commands."""
 import csv
@@ -33,7 +33,7 @@ def compare_row(impl, median_us, knobs=(64, 16, 33, "fused"), batch=SKEWED, spre
     row = dict.fromkeys(compare_batch.COLUMNS, "")
     row.update(batch, **HEADS, impl=impl, status="ok", median_us=median_us, p20_us=median_us * (1 - spread),
                p80_us=median_us * (1 + spread), n=128, method="cuda_graph", input_sets=1)
-    row.update(zip(compare_batch.KNOB_COLUMNS, knobs))
+    row.update(zip(compare_batch.KNOB_COLUMNS, (*knobs, "fixed") if len(knobs) == 4 else knobs))
     row.update(change)
     return row
 
@@ -87,10 +87,10 @@ def test_one_row_per_class_with_the_fastest_knobs():
     assert [(r["lengths"], r["len_max"], r["len_mean"]) for r in table] == [
         ("uniform:16:8192", 8192, 8192), ("skewed:16:65536:1024", 65536, 80896 // 16)]
     skewed = table[1]
-    assert skewed["gpu"] == "nvidia_h200" and skewed["schema_version"] == 2
-    assert [skewed[c] for c in bt.KNOB_COLUMNS] == [64, 4, 64, "fused"]
+    assert skewed["gpu"] == "nvidia_h200" and skewed["schema_version"] == 3
+    assert [skewed[c] for c in bt.KNOB_COLUMNS] == [64, 4, 64, "fused", "fixed"]
     assert skewed["median_us"] == 93.4 and skewed["n_trials"] == 4  # ours, one split, two plans
-    assert [skewed["runner_up_" + c] for c in bt.KNOB_COLUMNS] == [64, 16, 33, "fused"]
+    assert [skewed["runner_up_" + c] for c in bt.KNOB_COLUMNS] == [64, 16, 33, "fused", "fixed"]
     assert skewed["runner_up_us"] == 96.4
     assert skewed["noise_margin"] == pytest.approx(max(0.004 / 1.0, 0.01))
     assert skewed["source"] == "run.csv"
@@ -99,8 +99,8 @@ def test_one_row_per_class_with_the_fastest_knobs():
 def test_a_plan_row_of_another_merge_is_a_candidate_and_its_merge_is_kept():
     rows = SKEWED_RUN + [compare_row("ours_m4_s64_kernel", 91.0, (64, 4, 64, "kernel"))]
     skewed = bt.build_batch_table(as_read(rows), "h200")[0]
-    assert [skewed[c] for c in bt.KNOB_COLUMNS] == [64, 4, 64, "kernel"] and skewed["n_trials"] == 5
-    assert [skewed["runner_up_" + c] for c in bt.KNOB_COLUMNS] == [64, 4, 64, "fused"]
+    assert [skewed[c] for c in bt.KNOB_COLUMNS] == [64, 4, 64, "kernel", "fixed"] and skewed["n_trials"] == 5
+    assert [skewed["runner_up_" + c] for c in bt.KNOB_COLUMNS] == [64, 4, 64, "fused", "fixed"]
 
 
 def test_ties_go_to_the_smaller_max_splits_then_block_kv_64_then_fewer_min_blocks():
@@ -183,7 +183,7 @@ def test_reading_needs_no_pandas(table_file):
     (dict(lengths="skewed:16:8192:1024"), "lengths 'skewed:16:8192:1024' give batch, len_max, len_mean"),
     (dict(len_mean="9000"), "len_mean (9000) exceeds len_max (8192)"),
     (dict(q_heads="12"), "q_heads (12) is not a multiple of kv_heads (8)"),
-    (dict(schema_version="1"), "schema_version is 1, this reader reads version 2"),
+    (dict(schema_version="1"), "schema_version is 1; a table with split_plan columns is version 3"),
     (dict(runner_up_us=""), "the runner-up columns"),
     (dict(block_kv="128", head_dim="256"), "block_kv must be one of (32, 64) at head_dim 256"),
 ])
@@ -231,12 +231,14 @@ def select(table, lengths, **change):
 def test_the_nearest_class_gives_the_knobs(table_file):
     table = bt.read_batch_table(table_file)
     exact = select(table, "skewed:16:65536:1024")
-    assert exact.kwargs() == {"block_kv": 64, "min_blocks_per_split": 4, "max_splits": 64, "merge": "fused"}
+    assert exact.kwargs() == {"block_kv": 64, "min_blocks_per_split": 4, "max_splits": 64, "merge": "fused",
+                             "split_plan": "fixed"}
     assert "distance 0.00" in exact.reason and "skewed:16:65536:1024" in exact.reason
     assert exact.row is table[1]
     # A uniform batch is a class like any other: 12 x 6000 is nearer 16 x 8192 than the skewed one.
     uniform = select(table, [6000] * 12, page_size=16)
-    assert uniform.kwargs() == {"block_kv": 64, "min_blocks_per_split": 2, "max_splits": 8, "merge": "fused"}
+    assert uniform.kwargs() == {"block_kv": 64, "min_blocks_per_split": 2, "max_splits": 8, "merge": "fused",
+                               "split_plan": "fixed"}
     assert "uniform:16:8192" in uniform.reason
     # One long sequence pulls towards the skewed class.
     assert select(table, "skewed:32:131072:512").max_splits == 64
@@ -258,7 +260,7 @@ def test_distance_and_its_ties():
     assert bs.class_distance(row, 8, 65536, 4096, 64) == 1.0
     assert bs.class_distance(row, 16, 65536, 4096, 16) == 2 * bs.PAGE_WEIGHT
     lo, hi = (dict(row, gpu="g", dtype="bf16", head_dim=128, q_heads=32, kv_heads=8, q_len=1, lengths="x",
-                   block_kv=64, min_blocks_per_split=m, max_splits=8, merge="fused", median_us=1.0,
+                   block_kv=64, min_blocks_per_split=m, max_splits=8, merge="fused", split_plan="fixed", median_us=1.0,
                    runner_up_us=None, noise_margin=0.01, n_trials=1, source="s", batch=b)
               for b, m in ((8, 1), (32, 2)))
     assert select([hi, lo], "uniform:16:4096").min_blocks_per_split == 1  # equal distance: smaller batch
@@ -299,7 +301,7 @@ def test_batch_table_command(tmp_path):
 
 def test_batch_table_command_bad_input(tmp_path, assert_clear_error):
     good = write_csv(tmp_path / "good.csv", SKEWED_RUN)
-    old = write_csv(tmp_path / "old.csv", SKEWED_RUN, compare_batch.COLUMNS[:-4])
+    old = write_csv(tmp_path / "old.csv", SKEWED_RUN, compare_batch.COLUMNS[:-5])
     peers = write_csv(tmp_path / "peers.csv", SKEWED_RUN[-2:])
     bad = write_csv(tmp_path / "bad.csv", [{**compare_row("ours", 96.0), "median_us": "fast"}])
     out = tmp_path / "t.csv"
@@ -322,7 +324,7 @@ def test_select_paged_with_the_batch_table(table_file):
     result = invoke(*PAGED, "--lengths", "skewed:16:65536:1024", "--batch-table", table_file)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0] == "paged knobs: block_kv=64 min_blocks_per_split=4 max_splits=64 merge=fused"
+    assert lines[0] == "paged knobs: block_kv=64 min_blocks_per_split=4 max_splits=64 merge=fused split_plan=fixed"
     assert lines[1].startswith("why: batch table, bf16 D128 Hq32/Hkv8 Sq1: the nearest class")
     assert lines[2] == f"batch table: {table_file}"
     assert "a sequence of 65536 keys (the capacity)" in lines[3]
@@ -368,7 +370,7 @@ def test_json_round_trip_and_the_schema(table_file, tmp_path):
     table = bt.read_batch_table(table_file)
     path = btj.write_batch_table_json(tmp_path / "batch_table.json", table)
     doc = json.loads(path.read_text())
-    assert doc["_metadata"] == {"schema_version": 2, "gpu": "nvidia_h200", "device_name": "NVIDIA_H200",
+    assert doc["_metadata"] == {"schema_version": 3, "gpu": "nvidia_h200", "device_name": "NVIDIA_H200",
                                 "device_names": ["NVIDIA_H200"], "tool": "splitkv-tune",
                                 "tool_version": doc["_metadata"]["tool_version"]}
     assert doc["classes"][1]["max_splits"] == 64 and doc["classes"][0]["page_size"] == 64
@@ -418,7 +420,8 @@ def test_json_without_a_runner_up_and_needing_no_pandas(tmp_path):
     (dict(runner_up_us=None), "the runner-up columns"),
     (dict(extra=1), "classes[0]: unknown keys: extra"),
     (dict(page_size=...), "classes[0]: missing keys: page_size"),
-    (dict(_metadata=dict(schema_version=3)), "classes[0]: schema_version is 3, this reader reads version 2"),
+    (dict(_metadata=dict(schema_version=4)), "classes[0]: schema_version is 4; a table with split_plan columns is "
+                                             "version 3"),
     (dict(_metadata=dict(schema_version=1)), "this is a v1 heuristics export"),
     (dict(_metadata=dict(gpu='h200";x')), "gpu must match"),
     (dict(_metadata=dict(device_name="H100")), "the device_name among the device_names"),
@@ -474,3 +477,57 @@ def test_batch_table_command_writes_json_that_select_reads(tmp_path, table_file,
     assert from_json == from_csv and from_json["max_splits"] == 64
     out.write_text(out.read_text().replace('"max_splits": 64', '"max_splits": 0'))
     assert_clear_error(invoke(*args, "--batch-table", out), f"{out}: classes[1]: max_splits must be in [1, 128]")
+
+
+def test_a_load_aware_row_wins_only_when_faster_than_the_noise():
+    uniform = [compare_row("ours", 141.7, (64, 16, 33, "fused"), batch=UNIFORM),
+               compare_row("ours_load_aware", 129.1, (64, 16, 33, "fused", "load_aware"), batch=UNIFORM)]
+    (row,) = bt.build_batch_table(as_read(uniform), "h200")
+    assert [row[c] for c in bt.KNOB_COLUMNS] == [64, 16, 33, "fused", "load_aware"]
+    assert row["runner_up_split_plan"] == "fixed" and row["n_trials"] == 2
+    tie = [compare_row("ours_m16_s33_load_aware", 100.0, (64, 16, 33, "fused", "load_aware")),
+           compare_row("ours_m16_s64", 100.5, (64, 16, 64, "fused"))]  # within 1%, a larger max_splits
+    (row,) = bt.build_batch_table(as_read(tie), "h200")
+    assert row["split_plan"] == "fixed" and row["max_splits"] == 64  # ties go to the fixed plan first
+
+
+def test_files_written_before_the_split_plan_read_as_fixed(tmp_path):
+    legacy = [c for c in compare_batch.COLUMNS if c != "split_plan"]
+    run = write_csv(tmp_path / "v2_run.csv", SKEWED_RUN + [compare_row("ours_load_aware", 50.0, ("", "", "", ""))],
+                    legacy)
+    rows = bt.read_compare_batch_csv(run)
+    assert {r["split_plan"] for r in rows if r["impl"] == "ours"} == {"fixed"}
+    (row,) = bt.build_batch_table(rows, "h200")
+    assert row["split_plan"] == "fixed" and row["median_us"] == 93.4  # the knob-less load-aware row is no candidate
+    v3 = bt.format_batch_table([row])
+    header, *lines = v3.splitlines()
+    v2_columns = [c for c in bt.BATCH_TABLE_COLUMNS if c not in bt.SPLIT_PLAN_COLUMNS]
+    v2 = tmp_path / "v2.csv"
+    with open(v2, "w", newline="") as f:
+        writer = csv.DictWriter(f, v2_columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerow({**{c: "" if row[c] is None else row[c] for c in v2_columns}, "schema_version": 2})
+    (old,) = bt.read_batch_table(v2)
+    assert old == {**row, "schema_version": 2}
+    doc = btj.batch_table_json([row])
+    doc["_metadata"]["schema_version"] = 2
+    for entry in doc["classes"]:
+        for c in bt.SPLIT_PLAN_COLUMNS:
+            del entry[c]
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps(doc))
+    assert btj.read_batch_table_json(path) == [{**row, "schema_version": 2}]
+    with pytest.raises(TableError, match="schema_version is 3; a table without split_plan columns is version 2"):
+        v2.write_text(v2.read_text().replace("\n2,", "\n3,"))
+        bt.read_batch_table(v2)
+
+
+def test_a_class_timed_again_takes_the_later_runs_rows_only():
+    first = as_read(SKEWED_RUN, source="batches.csv")
+    again = as_read([compare_row("ours", 99.0), compare_row("ours_load_aware", 97.0, (64, 16, 33, "fused",
+                                                                                      "load_aware"))],
+                    source="batches_split_plan.csv")
+    (row,) = bt.build_batch_table(first + again, "h200")
+    assert row["source"] == "batches_split_plan.csv" and row["n_trials"] == 2 and row["split_plan"] == "load_aware"
+    (row,) = bt.build_batch_table(again + first, "h200")
+    assert row["source"] == "batches.csv" and row["n_trials"] == 4

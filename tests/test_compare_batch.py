@@ -159,11 +159,16 @@ def test_batches_share_one_copy_bandwidth_and_the_report(calls, monkeypatch):
 
 
 def test_the_load_aware_row_leaves_the_knob_to_the_launch(calls):
-    frame = cb.run_compare_batch("40,7x3", peers=(), one_split=4, **DIMS)
-    row = _by_impl(frame)["ours_load_aware"]
+    frame = cb.run_compare_batch("40,7x3", peers=(), one_split=4, plans=[(2, 8, 64, "auto", "load_aware")], **DIMS)
+    rows = _by_impl(frame)
+    row = rows["ours_load_aware"]
     assert row["status"] == "ok" and row["check"].startswith("ok")
-    assert {"min_blocks_per_split": "load_aware", "check_inputs": False} in calls
-    assert all(pd.isna(row[c]) for c in cb.KNOB_COLUMNS)
+    assert {"split_plan": "load_aware", "check_inputs": False} in calls
+    assert {"block_kv": 64, "min_blocks_per_split": 2, "max_splits": 8, "merge": "auto", "split_plan": "load_aware",
+            "check_inputs": False} in calls
+    assert rows["ours_m2_s8_load_aware"]["note"] == "block_kv=64, min_blocks_per_split=2, max_splits=8, " \
+                                                    "split_plan=load_aware"
+    assert all(pd.isna(row[c]) for c in cb.KNOB_COLUMNS)  # no SM count off a GPU
 
 
 def test_wider_tables_get_one_row_each(calls):
@@ -193,19 +198,21 @@ def test_live_rows_record_their_knobs(calls, monkeypatch, tmp_path):
 
     def knobs(name):
         return tuple(rows[name][c] for c in cb.KNOB_COLUMNS)
-    auto = (*live.resolve_knobs(4, 64, 2, 2, 132), "fused")
+    auto = (*live.resolve_knobs(4, 64, 2, 2, 132), "fused", "fixed")
     assert knobs("ours") == knobs("ours_wide2") == knobs("ours_contiguous") == auto
-    assert knobs("ours_one_split") == (64, 1, 4, "fused")
-    assert knobs("ours_m2_s8") == (64, 2, 8, "fused") and knobs("ours_kv128_m4_s8") == (128, 4, 8, "fused")
+    assert knobs("ours_load_aware") == (*auto[:4], "load_aware")
+    assert knobs("ours_one_split") == (64, 1, 4, "fused", "fixed")
+    assert knobs("ours_m2_s8") == (64, 2, 8, "fused", "fixed")
+    assert knobs("ours_kv128_m4_s8") == (128, 4, 8, "fused", "fixed")
     for name in (*cb.PEERS, "copy_floor"):
         assert frame[frame["impl"] == name][cb.KNOB_COLUMNS].isna().all().all(), name
     # Written as ints, and what the batch table is built from.
     path = tmp_path / "run.csv"
     frame.to_csv(path, index=False)
-    assert ",64,1,4,fused\n" in path.read_text()
+    assert ",64,1,4,fused,fixed\n" in path.read_text()
     (row,) = batch_table.build_batch_table(batch_table.read_compare_batch_csv(path), "h200")
     assert (row["lengths"], row["batch"], row["len_max"], row["len_mean"]) == ("40,7x3", 4, 40, 61 // 4)
-    assert row["n_trials"] == 4 and row["source"] == "run.csv"  # ours, one split and the two plans
+    assert row["n_trials"] == 5 and row["source"] == "run.csv"  # ours, one split, the two plans, load-aware
 
 
 def test_a_sweep_times_only_ours_and_the_plans(calls):

@@ -24,6 +24,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HEURISTICS = FIXTURES / "heuristics.csv"
 HEADS = [("bf16", 128, 32, 8, 1), ("bf16", 128, 8, 1, 1), ("fp16", 64, 32, 32, 4)]
 SMS = {"nvidia_h200": 132, "nvidia_a100": 108}
+LAUNCH_CTAS = 264  # the grid a load-aware class's launch is taken to have
 
 # Reads "gpu dtype head_dim q_heads kv_heads q_len page_size batch len..." per line; prints the
 # knobs, the class index and each sequence's split count, or "false".
@@ -46,9 +47,17 @@ int main() {
       continue;
     }
     std::cout << k.block_kv << ' ' << k.min_blocks_per_split << ' ' << k.max_splits << ' '
-              << splitkv::kMerges[k.merge] << ' ' << k.batch_class;
+              << splitkv::kMerges[k.merge] << ' ' << splitkv_tune::kSplitPlans[k.split_plan] << ' ' << k.batch_class;
+    // A load-aware class's launch chooses its knob; here for a grid of LAUNCH_CTAS CTAs.
+    std::vector<int> lens(lengths.begin(), lengths.end());
+    const int tiles = kv_heads * splitkv::rules::num_m_blocks(q_len * (q_heads / kv_heads));
+    const int min_blocks = k.split_plan == splitkv_tune::kSplitPlanLoadAware
+        ? splitkv::rules::live_plan_min_blocks(lens.data(), batch, tiles, LAUNCH_CTAS, k.block_kv,
+                                               k.min_blocks_per_split, k.max_splits,
+                                               splitkv::rules::live_plan_choices(k.min_blocks_per_split, k.block_kv))
+        : k.min_blocks_per_split;
     for (auto n : lengths)
-      std::cout << ' ' << splitkv::rules::live_splits(int(n), k.block_kv, k.min_blocks_per_split, k.max_splits);
+      std::cout << ' ' << splitkv::rules::live_splits(int(n), k.block_kv, min_blocks, k.max_splits);
     std::cout << '\n';
   }
 }
@@ -65,11 +74,12 @@ TIE_BATCHES = [(2, 8, 777), (2, 8, 12345)]
 def _record(rng, head, lengths: str, page_size: int) -> dict:
     dtype, head_dim, q_heads, kv_heads, q_len = head
     s = batches.describe(batches.parse_lengths(lengths))
-    rec = {"schema_version": 2, "gpu": "nvidia_h200", "dtype": dtype, "head_dim": head_dim,
+    rec = {"schema_version": 3, "gpu": "nvidia_h200", "dtype": dtype, "head_dim": head_dim,
            "q_heads": q_heads, "kv_heads": kv_heads, "q_len": q_len, "page_size": page_size,
            "batch": s["batch"], "len_max": s["max"], "len_mean": s["total"] // s["batch"], "lengths": lengths,
            "block_kv": rng.choice([64, 128]), "min_blocks_per_split": rng.choice([1, 2, 4, 8, 16]),
            "max_splits": rng.choice([8, 16, 32, 64]), "merge": rng.choice(tunables.MERGES),
+           "split_plan": rng.choice(plan.SPLIT_PLANS),
            "median_us": 50.0, "p20_us": 49.0, "p80_us": 51.0, "noise_margin": 0.01, "n_trials": 40,
            "source": "batches.csv"}
     rec.update({c: None for c in bt.RUNNER_UP_COLUMNS})
@@ -124,8 +134,14 @@ def _python(table, gpu, head, page_size, lengths) -> str:
     k = batch_select.select_live_knobs(rows, dtype=dtype, head_dim=head_dim, q_heads=q_heads, kv_heads=kv_heads,
                                        q_len=q_len, page_size=page_size, lengths=lengths, num_sms=SMS[name])
     index = -1 if k.row is None else sorted(rows, key=batch_select.class_order).index(k.row)
-    splits = [plan.live_splits(n, k.block_kv, k.min_blocks_per_split, k.max_splits) for n in lengths]
-    return " ".join(map(str, [k.block_kv, k.min_blocks_per_split, k.max_splits, k.merge, index, *splits]))
+    min_blocks = k.min_blocks_per_split
+    if k.split_plan == "load_aware" and lengths:
+        min_blocks = plan.plan_min_blocks(lengths, kv_heads=kv_heads, packed_rows=q_len * (q_heads // kv_heads),
+                                          ctas=LAUNCH_CTAS, block_kv=k.block_kv, min_blocks_per_split=min_blocks,
+                                          max_splits=k.max_splits)
+    splits = [plan.live_splits(n, k.block_kv, min_blocks, k.max_splits) for n in lengths]
+    return " ".join(map(str, [k.block_kv, k.min_blocks_per_split, k.max_splits, k.merge, k.split_plan, index,
+                              *splits]))
 
 
 def _ties(table, cases) -> int:
@@ -159,7 +175,8 @@ def test_exported_header_selects_the_batch_knobs_python_does(tmp_path):
     (tmp_path / "driver.cpp").write_text(DRIVER)
     exe = tmp_path / "driver"
     subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-pedantic",
-                    str(tmp_path / "driver.cpp"), "-o", str(exe)], check=True, capture_output=True)
+                    f"-DLAUNCH_CTAS={LAUNCH_CTAS}", str(tmp_path / "driver.cpp"), "-o", str(exe)], check=True,
+                   capture_output=True)
     cases = list(_random_batches(3000)) + list(_tie_cases())
     codes = tunables.dtype_codes()
     text = "".join(f"{gpu.replace(' ', '_')} {codes[h[0]]} {' '.join(map(str, h[1:]))} {page} {len(lengths)} "
@@ -168,7 +185,9 @@ def test_exported_header_selects_the_batch_knobs_python_does(tmp_path):
     want = [_python(table, *case) for case in cases]
     mismatches = [(c, g, w) for c, g, w in zip(cases, got, want) if g != w]
     assert len(got) == len(cases) and not mismatches, mismatches[:3]
-    chosen = {int(line.split()[4]) for line in want}
+    chosen = {int(line.split()[5]) for line in want}
+    plans = [line.split()[4] for line in want if int(line.split()[5]) >= 0]
+    assert set(plans) == set(plan.SPLIT_PLANS), "the batches reach classes of one split plan only"
     assert -1 in chosen and len(chosen) > 20, "the batches reach few classes"
     assert _ties(table, cases) >= len(list(_tie_cases())), "the tie cases do not meet equal distances"
     # Bad arguments are refused, and an unknown device is no match.

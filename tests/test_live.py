@@ -64,10 +64,8 @@ def test_given_knobs_are_kept_and_bad_ones_named():
                           (dict(max_splits=True), "max_splits must be")):
         with pytest.raises(ValueError, match=match):
             live.resolve_knobs(4, 256, 8, 4, 132, **kwargs)
-    assert live.resolve_knobs(16, 128, 8, 4, 132, min_blocks_per_split="load_aware") == \
-        live.resolve_knobs(16, 128, 8, 4, 132)  # the base of the launch's choice is the "auto" knob
-    with pytest.raises(ValueError, match="min_blocks_per_split must be a positive integer, 'auto' or 'load_aware'"):
-        live.resolve_knobs(16, 128, 8, 4, 132, min_blocks_per_split="fastest")
+    with pytest.raises(ValueError, match="min_blocks_per_split must be a positive integer or 'auto'"):
+        live.resolve_knobs(16, 128, 8, 4, 132, min_blocks_per_split="load_aware")
     assert tunables.integer_or_auto("max_splits", np.int32(9)) == 9
     assert tunables.integer_or_auto("block_kv", "auto") == "auto"
     with pytest.raises(ValueError, match="min_blocks_per_split must be an integer or 'auto', got 2.5"):

@@ -41,6 +41,8 @@ def _bad_calls():
                      (dict(split_policy="foo"), "split_policy"), (dict(merge="dsmem"), "merge"),
                      (dict(enable_pdl="yes"), "enable_pdl")):
         yield f"{name}={list(kw.values())[0]}", base, call(**kw), name
+    for kw in (dict(max_splits=8), dict(min_blocks_per_split=2), dict(split_plan="load_aware")):
+        yield f"{list(kw)[0]} without cache_seqlens", base, call(**kw), "apply to paged or variable-length"
     yield "workspace too small", base, call(
         num_splits=8, workspace=lambda: torch.empty(16, dtype=torch.uint8, device="cuda")), "workspace"
     yield "workspace dtype", base, call(

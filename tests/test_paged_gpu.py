@@ -177,25 +177,25 @@ def test_capacity_and_batch_do_not_change_a_sequences_bits(ops, cuda_gen):
             f"neighbours {neighbours} changed the sequence's output"
 
 
-@pytest.mark.parametrize("lengths,merge,want_coarser", [
-    ([8192] * 16, "fused", True),                 # equal lengths: about one item per CTA
-    ([32768] * 4, "kernel", True),                # the combine kernel reads the launch's choice
-    ([65536] + [1024] * 15, "kernel", False),     # a long sequence and short ones: the knob itself
-    ([3000, 0, 1, 130_000, 64, 70_000], "fused", None),
+@pytest.mark.parametrize("lengths,merge,base,want_coarser", [
+    ([8192] * 16, "fused", "auto", True),                 # equal lengths: about one item per CTA
+    ([32768] * 4, "kernel", "auto", True),                # the combine kernel reads the launch's choice
+    ([65536] + [1024] * 15, "kernel", "auto", False),     # a long sequence and short ones: the knob itself
+    ([3000, 0, 1, 130_000, 64, 70_000], "fused", 2, None),  # a base knob given
 ], ids=["16x8K", "4x32K", "64K+15x1K", "mixed"])
-def test_load_aware_plan_is_the_hosts(ops, cuda_gen, lengths, merge, want_coarser):
-    """With min_blocks_per_split "load_aware" the launch chooses the knob on the device; the host's
-    rule (plan.plan_min_blocks for the launch's grid) names the same knob: the explicit call
-    with it gives the same bits."""
+def test_load_aware_plan_is_the_hosts(ops, cuda_gen, lengths, merge, base, want_coarser):
+    """With split_plan "load_aware" the launch chooses min_blocks_per_split among the base knob's
+    multiples on the device; the host's rule (plan.plan_min_blocks for the launch's grid) names
+    the same knob: the explicit call with it gives the same bits."""
     q, k, v, table, keys = _batch(cuda_gen, lengths, page_size=64)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    bkv, knob, bound = live.resolve_knobs(len(lengths), 128, 8, 4, sms)
+    bkv, knob, bound = live.resolve_knobs(len(lengths), 128, 8, 4, sms, min_blocks_per_split=base)
     ctas = live.launch_grid(q, 8, bkv, knob, bound)
     chosen = plan.plan_min_blocks(lengths, kv_heads=8, packed_rows=4, ctas=ctas, block_kv=bkv,
                                   min_blocks_per_split=knob, max_splits=bound)
     if want_coarser is not None:
         assert (chosen > knob) == want_coarser, f"chose {chosen} from {knob} on {ctas} CTAs"
-    out, lse = _run(ops, q, k, v, table, lengths, merge=merge, min_blocks_per_split="load_aware",
+    out, lse = _run(ops, q, k, v, table, lengths, merge=merge, min_blocks_per_split=base, split_plan="load_aware",
                     workspace=nan_workspace(live.workspace_size(q, bound)))
     fixed = _run(ops, q, k, v, table, lengths, merge=merge, block_kv=bkv, min_blocks_per_split=chosen,
                  max_splits=bound)
@@ -274,6 +274,9 @@ def _bad_calls(q, k, v, table, seqlens):
     yield "min_blocks_per_split must be", dict(cache_seqlens=seqlens, block_table=table, min_blocks_per_split=0)
     yield "num_splits applies", dict(cache_seqlens=seqlens, block_table=table, num_splits=4)
     yield "split_policy must be", dict(cache_seqlens=seqlens, block_table=table, split_policy="length")
+    yield "split_plan must be", dict(cache_seqlens=seqlens, block_table=table, split_plan="greedy")
+    yield "min_blocks_per_split must be", dict(cache_seqlens=seqlens, block_table=table,
+                                               min_blocks_per_split="load_aware")
     yield "exceeds the cache's capacity", dict(cache_seqlens=seqlens + 10_000, block_table=table)
     yield "is not a page of the pool", dict(cache_seqlens=seqlens, block_table=table * 0 + k.shape[0])
 

@@ -44,7 +44,7 @@ def main(argv=None) -> None:
     else:
         knobs = {}
         if args.knobs == "load_aware":
-            knobs = {"min_blocks_per_split": "load_aware"}
+            knobs = {"split_plan": "load_aware"}
         elif args.knobs != "auto":
             min_blocks, max_splits = (int(x) for x in args.knobs.split(":"))
             knobs = {"min_blocks_per_split": min_blocks, "max_splits": max_splits}
