@@ -180,13 +180,30 @@ def _launch_knobs(device_index: int, dtype: str, batch: int, head_dim: int, kv_h
     return bkv, min_blocks, splits, resolve_merge(shape, Config(num_splits=splits), merge) == "fused", choices
 
 
+def call_signature(q, k, v, cache_seqlens, block_table, scalars: tuple) -> tuple | None:
+    """Everything but the tensors' data that decides a paged call's checks and launch arguments
+    (each tensor's type, dtype, device, shape and strides; each scalar with its type, so that
+    ``1`` is not taken for ``True``), hashable; None when something is not a tensor or not
+    hashable, and the call is checked from scratch."""
+    try:
+        key = (tuple(None if t is None else (type(t), t.dtype, t.device, t.shape, t.stride())
+                     for t in (q, k, v, cache_seqlens, block_table)),
+               tuple((x, type(x)) for x in scalars))
+        hash(key)
+    except (AttributeError, TypeError):
+        return None
+    return key
+
+
 def launch_args(q, k, v, *, cache_seqlens, block_table, causal, block_kv, min_blocks_per_split, max_splits,
                 split_plan, num_splits, split_policy, reduce_threads, merge, check_inputs) -> tuple:
-    """Checks one paged / variable-length call (see ``splitkv_attention``) and returns the launch
-    arguments after ``softmax_scale``: ``(splits, block_kv, reduce_threads, policy code, fused,
-    cache_seqlens, block_table, min_blocks_per_split, plan choices)``. Without ``cache_seqlens``
+    """Checks one paged / variable-length call (see ``splitkv_attention``) but its data (the
+    lengths and the pages, ``check_values``) and returns the launch arguments after
+    ``softmax_scale``, then the cache's capacity: ``(splits, block_kv, reduce_threads, policy
+    code, fused, min_blocks_per_split, plan choices, capacity)``. Without ``cache_seqlens``
     every sequence holds the cache's whole capacity: one split count for the batch, from the
-    plan, and the knob as resolved."""
+    plan, and the knob as resolved. A function of ``call_signature`` alone, so a caller may keep
+    its result per signature."""
     from splitkv_tune.ops import _DTYPES
 
     kv_heads, group = check_qkv(q, k, v)
@@ -207,8 +224,5 @@ def launch_args(q, k, v, *, cache_seqlens, block_table, causal, block_kv, min_bl
         min_blocks_per_split, max_splits, split_plan, cache_seqlens is None, merge)
     threads = 128 if reduce_threads == "auto" else reduce_threads
     Config(reduce_threads=threads).validate()
-    if check_inputs and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():
-        plan.check_live_values(k, cache_seqlens, block_table, capacity)
     policy = tunables.policy_codes()["blocks"]
-    return (splits, bkv, threads, policy, fused, cache_seqlens, block_table,
-            1 if cache_seqlens is None else min_blocks, choices)
+    return splits, bkv, threads, policy, fused, 1 if cache_seqlens is None else min_blocks, choices, capacity

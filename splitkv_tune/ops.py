@@ -332,25 +332,42 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
                                   split_policy, merge, workspace, return_lse, enable_pdl)
 
 
+# The launch arguments of paged calls by call signature (live.call_signature): a repeated call
+# skips the Python checks that depend on the signature alone.
+_LIVE_LAUNCHES: dict = {}
+_MAX_LIVE_LAUNCHES = 1024
+
+
 def _live_call(q, k, v, cache_seqlens, block_table, causal, softmax_scale, num_splits, block_kv, reduce_threads,
                split_policy, merge, workspace, return_lse, enable_pdl, max_splits, min_blocks_per_split,
                split_plan, check_inputs):
     """A paged / variable-length call (:mod:`splitkv_tune.live`), eager or traced."""
-    from splitkv_tune import live
+    from splitkv_tune import live, plan
 
-    args = live.launch_args(q, k, v, cache_seqlens=cache_seqlens, block_table=block_table, causal=causal,
-                            block_kv=block_kv, min_blocks_per_split=min_blocks_per_split, max_splits=max_splits,
-                            split_plan=split_plan, num_splits=num_splits, split_policy=split_policy, reduce_threads=reduce_threads,
-                            merge=merge, check_inputs=check_inputs)
-    scale = _check_scalars(softmax_scale, merge, enable_pdl, int(q.shape[3]))
+    compiling = torch.compiler.is_compiling()
+    key = None if compiling else live.call_signature(
+        q, k, v, cache_seqlens, block_table, (causal, softmax_scale, num_splits, block_kv, reduce_threads,
+                                              split_policy, merge, enable_pdl, max_splits, min_blocks_per_split,
+                                              split_plan, check_inputs))
+    launch = _LIVE_LAUNCHES.get(key) if key is not None else None
+    if launch is None:
+        args = live.launch_args(q, k, v, cache_seqlens=cache_seqlens, block_table=block_table, causal=causal,
+                                block_kv=block_kv, min_blocks_per_split=min_blocks_per_split,
+                                max_splits=max_splits, split_plan=split_plan, num_splits=num_splits,
+                                split_policy=split_policy, reduce_threads=reduce_threads, merge=merge,
+                                check_inputs=check_inputs)
+        launch = (*args, _check_scalars(softmax_scale, merge, enable_pdl, int(q.shape[3])))
+        if key is not None:
+            if len(_LIVE_LAUNCHES) >= _MAX_LIVE_LAUNCHES:
+                _LIVE_LAUNCHES.clear()
+            _LIVE_LAUNCHES[key] = launch
+    splits, bkv, threads, policy, fused, min_blocks, choices, capacity, scale = launch
     _check_workspace(q, workspace)
-    splits, bkv, threads, policy, fused, seqlens, table, min_blocks, choices = args
-    if torch.compiler.is_compiling():
-        out, lse = _attention_op(q, k, v, workspace, bool(causal), scale, splits, bkv, threads, policy,
-                                 bool(return_lse), fused, enable_pdl, seqlens, table, min_blocks, choices)
-    else:
-        out, lse = _extension().forward(q, k, v, workspace, bool(causal), scale, splits, bkv, threads, policy,
-                                        bool(return_lse), fused, enable_pdl, seqlens, table, min_blocks, choices)
+    if check_inputs and not compiling and not torch.cuda.is_current_stream_capturing():
+        plan.check_live_values(k, cache_seqlens, block_table, capacity)
+    call = _attention_op if compiling else _extension().forward
+    out, lse = call(q, k, v, workspace, bool(causal), scale, splits, bkv, threads, policy, bool(return_lse), fused,
+                    enable_pdl, cache_seqlens, block_table, min_blocks, choices)
     return (out, lse) if return_lse else out
 
 

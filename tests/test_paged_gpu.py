@@ -310,6 +310,25 @@ def test_the_device_check_finds_the_entry_the_cpu_check_finds(cuda_gen):
     assert plan.first_bad_live_value(contiguous, lens, None, 100) == 2
 
 
+def test_a_repeated_call_is_still_checked(ops, cuda_gen):
+    """The second call of a signature takes its launch arguments from the cache: its data are
+    checked all the same, and an argument of another type is no repeat."""
+    lengths = [100, 7]
+    q, k, v, table, _ = _batch(cuda_gen, lengths, page_size=16)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    first = ops.splitkv_attention(q, k, v, cache_seqlens=seqlens, block_table=table)
+    again = ops.splitkv_attention(q, k, v, cache_seqlens=seqlens, block_table=table)
+    assert torch.equal(first, again)
+    with pytest.raises(ValueError, match="exceeds the cache's capacity"):
+        ops.splitkv_attention(q, k, v, cache_seqlens=seqlens + 10_000, block_table=table)
+    with pytest.raises(TypeError, match="check_inputs must be True or False"):
+        ops.splitkv_attention(q, k, v, cache_seqlens=seqlens, block_table=table, check_inputs=1)
+    with pytest.raises(TypeError, match="enable_pdl must be True or False"):
+        ops.splitkv_attention(q, k, v, cache_seqlens=seqlens, block_table=table, enable_pdl=1)
+    with pytest.raises(TypeError, match="workspace must be"):
+        ops.splitkv_attention(q, k, v, cache_seqlens=seqlens, block_table=table, workspace=table)
+
+
 def test_a_batch_whose_schedule_does_not_fit_is_refused(ops):
     # 8 bytes of the persistent schedule's shared memory per sequence (rules.h): 32768 sequences
     # need 256 KiB, more than any GPU gives a CTA.

@@ -158,10 +158,10 @@ for mode in "$@"; do
       ;;
     compare-batch-eager)
       # The default paged call as an eager loop (check_inputs=True) and its host cost, beside
-      # FlashInfer's planned wrappers and the graph-replayed times, on one sequence, equal
-      # lengths, a skewed and a log-normal batch.
-      compare_batch compare_batch_eager 300 --lengths 4096 --lengths uniform:16:8192 --lengths skewed:16:65536:1024 \
-        --lengths lognormal:32:4096:1.0 --peers flashinfer_decode_tc,flashinfer_xqa --one-split 8 --eager
+      # FlashInfer's planned wrappers and the graph-replayed times: one sequence, equal lengths,
+      # a skewed and a log-normal batch ($EAGER_BATCHES, $EAGER_PEERS to change them).
+      compare_batch compare_batch_eager 300 $(printf -- '--lengths %s ' ${EAGER_BATCHES:-4096 uniform:16:8192 skewed:16:65536:1024 lognormal:32:4096:1.0}) \
+        --peers "${EAGER_PEERS-flashinfer_decode_tc,flashinfer_xqa}" --one-split 8 --eager
       ;;
     batch-sweep)
       # A batch grid ($BATCH_GRID, default configs/batches.yaml) swept into
