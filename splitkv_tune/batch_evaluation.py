@@ -137,7 +137,8 @@ def _pct(x) -> str:
 
 
 def markdown_report(records: list[dict], title: str) -> str:
-    """The summary per rule, then one line per batch (knobs as block_kv/min_blocks/max_splits)."""
+    """The summary per rule, then one line per batch (knobs as
+    block_kv/min_blocks/max_splits/merge/split_plan)."""
     summary = summarize(records)
     lines = [f"# {title}", "", "| rule | geometric-mean regret | max regret | batches |", "|---|---|---|---|"]
     lines += [f"| {rule} | {_pct(s['geomean'])} | {_pct(s['max'])} | {s['n']} |" for rule, s in summary.items()]

@@ -81,6 +81,8 @@ _CHOICES = {"dtype": tunables.DTYPES, "merge": tunables.MERGES, "runner_up_merge
             "split_plan": plan.SPLIT_PLANS, "runner_up_split_plan": plan.SPLIT_PLANS}
 # What a file written before the split plan existed holds in its place.
 LEGACY_SPLIT_PLAN = "fixed"
+# The key of a compare-batch row naming the file it was read from (not a table column).
+RUN_KEY = "_run"
 _FLOATS = {"median_us", "p20_us", "p80_us", "runner_up_us", "noise_margin"}
 _NAMES = {"gpu": NAME_RE, "source": NAME_RE, "lengths": LABEL_RE}
 
@@ -252,7 +254,8 @@ def read_compare_batch_csv(path) -> list[dict]:
                 if set(missing) <= set(KNOB_COLUMNS) else "")
         raise TableError(path, f"not a compare-batch CSV, missing columns: {', '.join(missing)}{hint}")
     source = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(path).name)
-    return [{**row, "source": source} for row in rows]
+    run = str(Path(path).resolve())  # which file: two of one name are two runs
+    return [{**row, "source": source, RUN_KEY: run} for row in rows]
 
 
 def _candidate(raw: dict) -> dict | None:
@@ -266,6 +269,7 @@ def _candidate(raw: dict) -> dict | None:
     rec = _typed_row(renamed, CLASS_COLUMNS[:-1] + ["lengths"] + KNOB_COLUMNS + ["median_us", "p20_us",
                                                                                  "p80_us", "source"])
     rec["len_mean"] = _cell("total_len", _text(raw, "total_len")) // rec["batch"]
+    rec[RUN_KEY] = raw.get(RUN_KEY) or rec["source"]
     _check_record(rec)
     _check_lengths(rec)
     return rec
@@ -314,12 +318,13 @@ def build_batch_table(rows, gpu: str, min_margin: float | None = None) -> list[d
         if rec is None:
             continue
         key = tuple(rec[c] for c in CLASS_COLUMNS)
-        if classes.get(key) and classes[key][0]["source"] != rec["source"]:
+        if classes.get(key) and classes[key][0][RUN_KEY] != rec[RUN_KEY]:
             classes[key] = []  # a later CSV's run of the class replaces the earlier one's
         classes.setdefault(key, []).append(rec)
     if not classes:
         raise TableError(", ".join(sorted({_source(r) for r in rows})) or "compare_batch",
-                         "no candidate rows: none of ours, ours_one_split or ours_m<MIN>_s<MAX> with status ok "
+                         "no candidate rows: none of ours, ours_one_split, ours_load_aware or ours_m<MIN>_s<MAX> "
+                         "with status ok "
                          "and its knob columns filled (compare-batch fills them on a CUDA device)")
     table = []
     for key in sorted(classes):

@@ -247,7 +247,8 @@ def _gpu(ctx, param, value):
 @exit_2_on_bad_input
 def batch_table(csvs, gpu, output):
     """The batch-class table (schema v3): per batch class of the compare-batch CSVs, the knobs of
-    the fastest of our rows (ours, ours_one_split, --plan rows), ties to the smaller max_splits."""
+    the fastest of our rows (ours, ours_one_split, ours_load_aware, --plan rows); ties go to the
+    fixed split plan, then the smaller max_splits; a class in several CSVs takes the last one's rows."""
     from splitkv_tune import batch_table as bt
     from splitkv_tune.batch_table_json import write_batch_table_json
     check_output(output, "-o")

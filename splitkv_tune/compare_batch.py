@@ -20,8 +20,8 @@ timed, in one process and one run, by every implementation:
   (that call with every tunable ``"auto"``, from the shipped table);
 * ``copy_floor``: the live keys and values (``live_kv_bytes``) over the device's copy bandwidth.
 
-Every row that runs our live path (``ours``, ``ours_one_split``, the plan rows, ``ours_wide<N>``
-and ``ours_contiguous``) records its knobs in the columns ``KNOB_COLUMNS``, its ``"auto"`` knobs
+Every row that runs our live path (``ours``, ``ours_one_split``, ``ours_load_aware``, the plan
+rows, ``ours_wide<N>`` and ``ours_contiguous``) records its knobs in the columns ``KNOB_COLUMNS``, its ``"auto"`` knobs
 resolved as the call resolves them on this device's SM count (``live.resolve_knobs``) and
 ``merge`` as what the call's ``"auto"`` merge becomes when a sequence splits; the batch-class
 table (``batch_table``) is built from them. Peers, the floor and the equal-length rows leave
@@ -33,7 +33,9 @@ of ``compare``; a failure to capture or run is that row's ``reason``, never rais
 pass ``check_inputs=False``: a captured call must not read the lengths back to the host. The
 untimed first call of each implementation (``check_inputs=True`` for ours) gives the output
 that is checked: against ``reference.splitkv_attention_ref`` in fp32 when the batch has at most
-``REFERENCE_MAX_KEYS`` keys, else against the first FlashInfer peer that ran.
+``REFERENCE_MAX_KEYS`` keys, else against the first FlashInfer peer that ran. With ``eager``
+each implementation's eager loop and host cost are timed too (``EAGER_COLUMNS``): ours as a
+user calls it, ``check_inputs=True``, in the loop, and without the check for the host cost.
 """
 from __future__ import annotations
 

@@ -531,3 +531,13 @@ def test_a_class_timed_again_takes_the_later_runs_rows_only():
     assert row["source"] == "batches_split_plan.csv" and row["n_trials"] == 2 and row["split_plan"] == "load_aware"
     (row,) = bt.build_batch_table(again + first, "h200")
     assert row["source"] == "batches.csv" and row["n_trials"] == 4
+
+
+def test_two_csvs_of_one_name_are_two_runs(tmp_path):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    old = write_csv(tmp_path / "old" / "batches.csv", [compare_row("ours", 90.0)])
+    new = write_csv(tmp_path / "new" / "batches.csv", [compare_row("ours", 100.0),
+                                                       compare_row("ours_m4_s64", 99.0, (64, 4, 64, "fused"))])
+    (row,) = bt.build_batch_table(bt.read_compare_batch_csv(old) + bt.read_compare_batch_csv(new), "h200")
+    assert row["median_us"] == 99.0 and row["n_trials"] == 2

@@ -118,3 +118,9 @@ def test_the_call_signature_tells_types_and_layouts_apart():
     assert sig([1.0]) is None  # unhashable: checked from scratch
     assert live.call_signature(q.numpy(), k, k, lens, table, (True,)) != sig(True)
     assert live.call_signature("q", k, k, lens, table, (True,)) is None
+
+
+def test_a_knob_passed_as_a_tensor_is_checked_every_call():
+    q, k = torch.zeros(2, 1, 4, 64), torch.zeros(8, 16, 1, 64)
+    assert live.call_signature(q, k, k, None, None, (torch.tensor(16),)) is None  # it may change in place
+    assert live.call_signature(q, k, k, None, None, (np.int32(16), None, "auto", 0.5)) is not None

@@ -180,6 +180,7 @@ def test_the_first_bad_value_is_keyed_lengths_first_then_the_table_row_by_row():
     assert first([49, -1]) == 0 and first([0, -1]) == 1
     assert first([16, 0]) == -1
     assert first(None) == 2 + 0 * 3 + 1       # no lengths: every page of the table is live
+    assert plan.first_bad_live_value(k, None, None, 48) == -1
     assert plan.first_bad_live_value(torch.zeros(2, 32, 1, 1), torch.tensor([32, 33], dtype=torch.int32),
                                      None, 32) == 1
     with pytest.raises(ValueError, match=r"block_table\[0, 1\] = -1 is not a page of the pool \[0, 8\)"):

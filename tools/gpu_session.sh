@@ -175,7 +175,9 @@ for mode in "$@"; do
     batch-evaluate)
       # The batch table from the batch sweeps, then the selector's regret on the held-out batches
       # (configs/batches_holdout.yaml, ~4 min, resumable) beside the auto knobs and FA2/FA3/SGLang.
-      splitkv-tune batch-table results/$gpu/batches/batches*.csv --gpu "$flag" -o results/$gpu/batch_table.csv \
+      # The split-plan sweep last: its classes take its rows (batch_table.py).
+      splitkv-tune batch-table results/$gpu/batches/batches.csv results/$gpu/batches/batches_dense.csv \
+        results/$gpu/batches/batches_split_plan.csv --gpu "$flag" -o results/$gpu/batch_table.csv \
         2>&1 | tee -a "$out/batch_evaluate.log"
       timeout ${BATCH_EVALUATE_TIMEOUT:-400} splitkv-tune evaluate-batches --grid configs/batches_holdout.yaml \
         --gpu "$flag" --batch-table results/$gpu/batch_table.csv --csv results/$gpu/batches/holdout.csv \

@@ -98,6 +98,8 @@ def fit(paths, ctas: int) -> None:
 def check(paths, ctas: int, sms: int) -> None:
     d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
     d = d[(d["status"] == "ok") & (d["block_kv"] == BLOCK_KV)]
+    if "split_plan" in d:  # the fixed plan's rows: the model estimates each knob as given
+        d = d[d["split_plan"] == "fixed"]
     rows = []
     heads = ["head_dim", "q_heads", "kv_heads", "q_len"]
     for (label, head_dim, q_heads, kv_heads, q_len), g in d.groupby(["label", *heads]):
