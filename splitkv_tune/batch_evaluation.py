@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from splitkv_tune import baselines, batch_select, batches, live, tunables
+from splitkv_tune import baselines, batch_select, batches, live, plan_points, tunables
 from splitkv_tune import compare_batch as cb
 from splitkv_tune.batch_sweep import KEY_COLUMNS, Batch, BatchGrid
 from splitkv_tune.batch_table import CANDIDATE_IMPL
@@ -70,7 +70,7 @@ def with_rule_plans(grid: BatchGrid, table, num_sms: int) -> BatchGrid:
         plans = list(batch.plans)
         default_merge = _merge(batch, "auto")
         for rule, (block_kv, min_blocks, max_splits, merge, split_plan) in rule_knobs(batch, table, num_sms).items():
-            point = cb.plan_point(min_blocks, max_splits, block_kv, "auto" if merge == default_merge else merge,
+            point = plan_points.plan_point(min_blocks, max_splits, block_kv, "auto" if merge == default_merge else merge,
                                   split_plan)
             if rule != "auto" and point not in plans:
                 plans.append(point)
@@ -121,6 +121,32 @@ def regret_records(grid: BatchGrid, rows: list[dict], table, num_sms: int) -> li
             rec[f"{rule}_us"] = t
             rec[f"{rule}_regret"] = None if t is None else t / rec["oracle_us"] - 1
         records.append(rec)
+    return records
+
+
+def leave_one_out_records(grid: BatchGrid, rows: list[dict], gpu: str, num_sms: int) -> list[dict]:
+    """``regret_records`` with each batch of the grid held out in turn: the selector reads a table
+    built (``batch_table.build_batch_table``) from the rows of every other batch, less those of
+    the same lengths and heads at another page size (a near twin would flatter the selector),
+    and each rule is timed by the held-out batch's own rows. ``rows``: sweep CSV rows
+    (``batch_sweep.read_rows``) of the grid's batches, with ``batch_table.RUN_KEY`` set when they
+    come from several runs. Batches without timed rows, or whose table would be empty, are left
+    out. No GPU: sweep-batches timed the rows."""
+    from splitkv_tune.batch_table import build_batch_table
+    from splitkv_tune.table_schema import TableError
+    twin = [c for c in KEY_COLUMNS if c != "page_size"]
+    records = []
+    for batch in grid.batches:
+        key = dict(zip(KEY_COLUMNS, batch.key()))
+        if not any(all(r[c] == key[c] for c in KEY_COLUMNS) for r in rows):
+            continue  # the batch was not timed
+        train = [r for r in rows if any(r[c] != key[c] for c in twin)]
+        try:
+            table = build_batch_table(train, gpu)
+        except TableError:
+            continue
+        one = dataclasses.replace(grid, batches=(batch,))
+        records += [r for r in regret_records(one, rows, table, num_sms) if r["oracle_us"] is not None]
     return records
 
 

@@ -12,8 +12,17 @@ nearest class wins, by
 fixed point, so the exported C++ header (``export --batch-table``) finds the same class with
 the same arithmetic. Equal distances go to the row that sorts first by (B, len_max,
 len_mean, page size). A batch of equal lengths is the class with len_max == len_mean; it needs
-no rule of its own. With no row of that head configuration the knobs are ``live``'s ``"auto"``
-rules (``live.resolve_knobs``) and the reason says so.
+no rule of its own. With no row of that head configuration, or none within
+``MAX_CLASS_DISTANCE`` octaves, the knobs are ``live``'s ``"auto"`` rules
+(``live.resolve_knobs``) and the reason says so.
+
+Why the bound: held out in turn (``splitkv-tune cross-validate-batches`` on the rows of
+``results/nvidia_h200/batches/batches.csv`` and ``batches_dense.csv``: each of their 50 batches
+against a table of the others, less its own lengths at the other page size), the nearest
+class's knobs had 9.9% geometric-mean regret and the ``"auto"`` rules 6.8%; taking the class only within D octaves and ``"auto"`` beyond gave 6.8% for D below
+1, 7.3% at 1, 7.5% at 1.5 and 9.3% at 2. So a class serves its own batch, and the same lengths at
+another page size (0.5 octaves), not its neighbours: the knobs that win on one batch do not carry
+over to a batch of another size or spread.
 """
 from __future__ import annotations
 
@@ -23,6 +32,8 @@ from splitkv_tune import _rules, batches, live
 from splitkv_tune.selector import Q, log2_q16
 
 PAGE_WEIGHT = 0.25
+# The farthest class whose knobs a batch takes, in octaves of the distance (see the module).
+MAX_CLASS_DISTANCE = 0.5
 # d in integers: the page term once, the others PAGE_SCALE times, each log2 in 16-bit fixed point.
 PAGE_SCALE = round(1 / PAGE_WEIGHT)
 DISTANCE_ONE = PAGE_SCALE << Q
@@ -66,6 +77,11 @@ def class_distance(row: dict, batch: int, len_max: int, len_mean: int, page_size
     (0.0, 1.5)
     """
     return class_distance_q(row, batch, len_max, len_mean, page_size) / DISTANCE_ONE
+
+
+def max_class_distance_q() -> int:
+    """``MAX_CLASS_DISTANCE`` in the units of ``class_distance_q``."""
+    return round(MAX_CLASS_DISTANCE * DISTANCE_ONE)
 
 
 def class_order(row: dict) -> tuple:
@@ -118,10 +134,17 @@ def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_head
                          f"no batch-table row for {config} (of its {len(table)} rows): "
                          f"the live defaults: {live.explain_knobs(batch, head_dim, kv_heads, q_rows, num_sms)}")
     row = min(rows, key=lambda r: (class_distance_q(r, batch, len_max, len_mean, page_size), class_order(r)))
+    distance = class_distance(row, batch, len_max, len_mean, page_size)
+    if class_distance_q(row, batch, len_max, len_mean, page_size) > max_class_distance_q():
+        bkv, min_blocks, bound = live.resolve_knobs(batch, head_dim, kv_heads, q_rows, num_sms)
+        return LiveKnobs(bkv, min_blocks, bound, "auto",
+                         f"batch table, {config}: the nearest class of {len(rows)} to "
+                         f"{_describe(batch, len_max, len_mean, page_size)} is {row['lengths']} at distance "
+                         f"{distance:.2f}, more than {MAX_CLASS_DISTANCE} (batch_select.MAX_CLASS_DISTANCE): the "
+                         f"live defaults: {live.explain_knobs(batch, head_dim, kv_heads, q_rows, num_sms)}")
     # The reader checked the row; resolve_knobs checks knobs from a table built any other way.
     bkv, min_blocks, bound = live.resolve_knobs(batch, head_dim, kv_heads, q_rows, num_sms, row["block_kv"],
                                                 row["min_blocks_per_split"], row["max_splits"])
-    distance = class_distance(row, batch, len_max, len_mean, page_size)
     runner_up = ("no runner-up" if row["runner_up_us"] is None
                  else f"runner-up {row['runner_up_us']:.1f} µs at block_kv={row['runner_up_block_kv']} "
                       f"min_blocks_per_split={row['runner_up_min_blocks_per_split']} "

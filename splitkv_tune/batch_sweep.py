@@ -17,7 +17,7 @@ The grid (YAML)::
 
 Every (head configuration x page size x lengths) is one batch, identified in the CSV by its
 ``KEY_COLUMNS``. A space's block_kv that a head dim does not build is left out at that head
-dim (``compare_batch.expand_plan_space``).
+dim (``plan_points.expand_plan_space``).
 
 Crash safety: after each batch the whole CSV (the rows already there and the new batch's) is
 written to a temporary file in the same folder, fsynced and renamed over the CSV
@@ -47,7 +47,7 @@ from pathlib import Path
 
 import yaml
 
-from splitkv_tune import batches, bench, plan, tunables
+from splitkv_tune import batches, bench, plan, plan_points, tunables
 from splitkv_tune import compare_batch as cb
 from splitkv_tune.batch_table import LABEL_RE, LEGACY_SPLIT_PLAN, read_csv_rows
 from splitkv_tune.gpu_profiles import PROFILES
@@ -81,7 +81,7 @@ class Batch:
     page_size: int
     label: str
     lengths: tuple[int, ...]
-    plans: tuple[tuple, ...]  # compare_batch.plan_point: (min_blocks_per_split, max_splits, block_kv[, merge[, split_plan]])
+    plans: tuple[tuple, ...]  # plan_points.plan_point: (min_blocks_per_split, max_splits, block_kv[, merge[, split_plan]])
 
     def key(self) -> tuple[str, ...]:
         """``KEY_COLUMNS`` as the CSV's cells read."""
@@ -89,7 +89,7 @@ class Batch:
 
     def impls(self, peers=()) -> list[str]:
         """The ``impl`` of every row the batch writes: ours, the plans, the peers, the floor."""
-        return ["ours", *(cb.plan_row_name(*p) for p in self.plans), *peers, "copy_floor"]
+        return ["ours", *(plan_points.plan_row_name(*p) for p in self.plans), *peers, "copy_floor"]
 
     def describe(self) -> str:
         h, s = self.head, batches.describe(self.lengths)
@@ -163,7 +163,7 @@ def _space(raw, where: str) -> tuple[list, list, list, list, list]:
             raise GridError(f"{where}.{field}: expected a non-empty list of {field}s {list(choices)}, got {values!r}")
         lists.append(values)
     try:
-        cb.check_plan_space(*lists)
+        plan_points.check_plan_space(*lists)
     except ValueError as err:
         raise GridError(f"{where}: {err}") from None
     return lists
@@ -191,7 +191,7 @@ def parse_batch_grid(raw, source: str = "<grid>") -> BatchGrid:
     out: dict[tuple, Batch] = {}
     for i, head in enumerate(heads):
         block_kvs, min_blocks, max_splits, merges, split_plans = space
-        plans, dropped = cb.expand_plan_space(block_kvs, min_blocks, max_splits, head["head_dim"], merges=merges,
+        plans, dropped = plan_points.expand_plan_space(block_kvs, min_blocks, max_splits, head["head_dim"], merges=merges,
                                               split_plans=split_plans)
         if not plans:
             raise GridError(f"{source}: space.block_kv: none of {dropped} is built at head_dim {head['head_dim']} "

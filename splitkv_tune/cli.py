@@ -1,7 +1,7 @@
 """The ``splitkv-tune`` command line: a click group; each command lives in a module of its own."""
 import click
 
-from splitkv_tune.cli_batch import batch_table, compare_batch, evaluate_batches, sweep_batches
+from splitkv_tune.cli_batch import batch_table, compare_batch, cross_validate_batches, evaluate_batches, sweep_batches
 from splitkv_tune.cli_tables import evaluate, export, plot, select
 from splitkv_tune.cli_sweep import sweep, table
 from splitkv_tune.cli_tune import bench, compare, env
@@ -16,7 +16,7 @@ def main() -> None:
 
 
 for command in (bench, sweep, worker, table, compare, compare_batch, sweep_batches, batch_table, env, select, evaluate,
-                evaluate_batches, export, plot, diff_command):
+                evaluate_batches, cross_validate_batches, export, plot, diff_command):
     main.add_command(command)
 
 

@@ -7,6 +7,7 @@ CUDA is touched, so bad input costs nothing and needs no GPU.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -47,8 +48,8 @@ def _peer_list(peers: str) -> list[str]:
 
 
 def _plan_option(text: str) -> tuple:
-    """One ``--plan`` value as a ``compare_batch.plan_point``; a usage error naming the option."""
-    from splitkv_tune.compare_batch import PLAN_BLOCK_KV, plan_point
+    """One ``--plan`` value as a ``plan_points.plan_point``; a usage error naming the option."""
+    from splitkv_tune.plan_points import PLAN_BLOCK_KV, plan_point
     from splitkv_tune.plan import SPLIT_PLANS, check_plan_knobs, check_split_plan
     fields = text.split(":")
     try:
@@ -73,7 +74,7 @@ def _plan_space(ctx, param, value):
     lists, or None."""
     if value is None:
         return None
-    from splitkv_tune.compare_batch import check_plan_space
+    from splitkv_tune.plan_points import check_plan_space
     try:
         parts = value.split(":")
         if len(parts) not in (3, 4, 5):
@@ -168,7 +169,7 @@ def compare_batch(batches, page_size, q_heads, kv_heads, head_dim, q_len, dtype,
 def _expand_plan_space(plan_space, head_dim: int, plans) -> list[tuple]:
     """The ``--plan-space`` points to time besides ``plans``; a usage error when none of its
     block_kvs is built at ``head_dim``, a note on stderr when some are not."""
-    from splitkv_tune.compare_batch import expand_plan_space
+    from splitkv_tune.plan_points import expand_plan_space
     block_kvs, min_blocks, max_splits, merges, split_plans = plan_space
     added, dropped = expand_plan_space(block_kvs, min_blocks, max_splits, head_dim, plans, merges, split_plans)
     allowed = tunables.BLOCK_KV_BY_HEAD_DIM[head_dim]
@@ -256,6 +257,54 @@ def batch_table(csvs, gpu, output):
     table = bt.build_batch_table(rows, gpu)
     (write_batch_table_json if output.endswith(".json") else bt.write_batch_table)(output, table)
     click.echo(f"wrote {output}: {len(table)} batch classes from {len(rows)} rows of {len(csvs)} CSV files")
+
+
+@click.command("cross-validate-batches")
+@click.option("--grid", "grid_paths", multiple=True, required=True, type=click.Path(dir_okay=False),
+              help="A batch grid the CSVs were swept from; repeat for several (configs/batches.yaml, ...).")
+@click.option("--csv", "csv_paths", multiple=True, required=True, type=click.Path(dir_okay=False),
+              help="A sweep-batches CSV of those grids; repeat for several.")
+@click.option("--gpu", required=True, callback=_gpu, help="The GPU that timed the rows (h200, 'NVIDIA H200', ...).")
+@click.option("--num-sms", type=click.IntRange(1, 1024), default=None,
+              help="The SM count the rules plan for; default: the GPU's profile.")
+@click.option("--out-md", type=click.Path(dir_okay=False), default=None, help="Also write the report here.")
+@exit_2_on_bad_input
+def cross_validate_batches(grid_paths, csv_paths, gpu, num_sms, out_md):
+    """Leave-one-batch-out regret of the batch selector beside the auto knobs and the FA2, FA3 and
+    SGLang rules, from swept rows alone (no GPU): each batch is held out in turn, the table built
+    from the others, and every rule timed by the batch's own rows."""
+    import dataclasses
+    from splitkv_tune import batch_evaluation, batch_sweep
+    from splitkv_tune.batch_table import RUN_KEY
+    from splitkv_tune.gpu_profiles import PROFILES
+    from splitkv_tune.gpus import resolve_gpu
+    from splitkv_tune.table import atomic_write_text
+    check_output(out_md, "--out-md")
+    if num_sms is None:
+        profile = PROFILES.get(resolve_gpu(gpu))
+        if profile is None:
+            raise click.UsageError(f"no profile for GPU {gpu!r} (configs/gpus.yaml): give --num-sms")
+        num_sms = profile["sms"]
+    grids = [batch_sweep.load_batch_grid(p) for p in grid_paths]
+    by_key = {b.key(): b for g in grids for b in g.batches}  # a batch in several grids: the last one's
+    grid = dataclasses.replace(grids[0], batches=tuple(by_key.values()), source=", ".join(g.source for g in grids))
+    # A batch timed in several CSVs: the last one's rows, as batch-table takes them (one run per batch).
+    rows, later = [], set()
+    for path in reversed(csv_paths):
+        mine = [{**row, "source": Path(path).name, RUN_KEY: str(Path(path).resolve())}
+                for row in batch_sweep.read_rows(path)]
+        keys = {tuple(r[c] for c in batch_sweep.KEY_COLUMNS) for r in mine}
+        rows = [r for r in mine if tuple(r[c] for c in batch_sweep.KEY_COLUMNS) not in later] + rows
+        later |= keys
+    records = batch_evaluation.leave_one_out_records(grid, rows, resolve_gpu(gpu), num_sms)
+    if not records:
+        raise click.UsageError(f"no batch of {grid.source} has timed rows in {', '.join(csv_paths)}")
+    report = batch_evaluation.markdown_report(
+        records, f"Batch selector regret, each batch held out in turn: {grid.source} on {resolve_gpu(gpu)} "
+                 f"({num_sms} SMs), rows of {', '.join(csv_paths)}")
+    click.echo(report)
+    if out_md:
+        atomic_write_text(out_md, report)
 
 
 @click.command("evaluate-batches")

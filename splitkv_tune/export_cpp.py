@@ -113,7 +113,7 @@ def _render_batch_classes(gpu: str, records: list[dict]) -> str:
     """The ``splitkv_tune::gpu_<gpu>`` batch classes, in ``batch_select.class_order`` (so that
     the first nearest class is the one Python picks), and ``select_live_knobs()``; ``records``:
     one GPU's batch-table records, none for the "auto" knobs alone."""
-    from splitkv_tune.batch_select import PAGE_SCALE, class_order
+    from splitkv_tune.batch_select import PAGE_SCALE, class_order, max_class_distance_q
     from splitkv_tune.batch_table import CLASS_COLUMNS, LABEL_RE
     from splitkv_tune.plan import SPLIT_PLANS
     merges = {name: i for i, name in enumerate(tunables.MERGES)}
@@ -132,6 +132,7 @@ def _render_batch_classes(gpu: str, records: list[dict]) -> str:
     return _fill(_template("batch_classes"), {
         "NS": "gpu_" + normalize_gpu_name(gpu), "NCLASSES": str(len(rows)), "NARRAY": str(max(1, len(rows))),
         "CLASSES": "\n".join(rows) or "  {}", "SOURCES": ", ".join(sources), "PAGESCALE": str(PAGE_SCALE),
+        "MAXDISTANCE": str(max_class_distance_q()),
         "HEADDIM_CHECK": " && ".join(f"head_dim != {h}" for h in tunables.HEAD_DIMS)})
 
 

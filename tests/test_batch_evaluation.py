@@ -10,10 +10,11 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
-from splitkv_tune import baselines, batch_evaluation as be, batch_sweep as bsw, batch_table as bt
-from splitkv_tune import batches, compare_batch as cb, live, plan
+from splitkv_tune import baselines, batch_evaluation as be, batch_select as bs, batch_sweep as bsw, batch_table as bt
+from splitkv_tune import batches, compare_batch as cb, live, plan, plan_points
 from splitkv_tune.cli import main
 from splitkv_tune.tunables import Shape
 
@@ -42,6 +43,13 @@ def table_row(lengths="skewed:16:65536:1024", knobs=(64, 4, 32, "fused", "fixed"
 TABLE = [table_row()]
 
 
+@pytest.fixture
+def nearest_rule(monkeypatch):
+    """The selector takes the nearest class at any distance: the table here has one class, not
+    the grid's batches, and these tests follow the rules' knobs through the evaluation."""
+    monkeypatch.setattr(bs, "MAX_CLASS_DISTANCE", 64.0)
+
+
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
 def test_on_equal_lengths_the_live_rules_give_the_equal_length_rules_split_counts(head_dim):
     for q_heads, kv_heads, batch, kv_len in itertools.product([8, 32, 64], [1, 4, 8], [1, 3, 8, 32, 64],
@@ -66,7 +74,7 @@ def test_on_a_skewed_batch_the_longest_sequence_gets_the_rules_count_and_the_sho
         baselines.live_baseline_plans(head, [0, 5], SMS)
 
 
-def test_the_rules_knobs_and_the_plan_rows_they_add():
+def test_the_rules_knobs_and_the_plan_rows_they_add(nearest_rule):
     grid = bsw.parse_batch_grid(copy.deepcopy(GRID))
     batch = grid.batches[0]
     knobs = be.rule_knobs(batch, TABLE, SMS)
@@ -87,7 +95,7 @@ def test_the_rules_knobs_and_the_plan_rows_they_add():
 def timed_point(point) -> tuple:
     """The knob key of a plan row of this file's grid (``PLAN_KNOBS``): the merge is fused unless
     the plan names one."""
-    knobs = cb.plan_knobs(point)
+    knobs = plan_points.plan_knobs(point)
     return (knobs["block_kv"], knobs["min_blocks_per_split"], knobs["max_splits"],
             "fused" if knobs["merge"] == "auto" else knobs["merge"], knobs["split_plan"])
 
@@ -100,7 +108,7 @@ def rows_for(batch, times: dict, extra=()):
     for i, (knobs, median) in enumerate(times.items()):
         row = dict.fromkeys(cb.COLUMNS, "")
         row.update(batch.head, page_size=batch.page_size, label=batch.label, batch=s["batch"], max_len=s["max"],
-                   total_len=s["total"], impl="ours" if i == 0 else cb.plan_row_name(knobs[1], knobs[2], knobs[0]),
+                   total_len=s["total"], impl="ours" if i == 0 else plan_points.plan_row_name(knobs[1], knobs[2], knobs[0]),
                    status="ok", median_us=median, p20_us=median, p80_us=median)
         row.update(zip(be.PLAN_KNOBS, knobs))
         rows.append({k: str(v) for k, v in row.items()})
@@ -175,7 +183,6 @@ def write_rows(path, rows):
 
 
 def test_the_command_reports_from_the_rows(tmp_path):
-    import yaml
     grid_path = tmp_path / "grid.yaml"
     grid_path.write_text(yaml.safe_dump(GRID))
     table_path = bt.write_batch_table(tmp_path / "table.csv", TABLE)
@@ -211,7 +218,6 @@ def test_the_command_reports_from_the_rows(tmp_path):
     (["--num-sms", "0"], "--num-sms"),
 ])
 def test_bad_input_is_a_clear_error(args, expected, tmp_path, assert_clear_error, monkeypatch):
-    import yaml
     monkeypatch.chdir(tmp_path)
     Path("grid.yaml").write_text(yaml.safe_dump(GRID))
     bt.write_batch_table(tmp_path / "table.csv", [dict(r, gpu="my_gpu") for r in TABLE]
@@ -222,7 +228,7 @@ def test_bad_input_is_a_clear_error(args, expected, tmp_path, assert_clear_error
     assert_clear_error(CliRunner().invoke(main, argv), expected)
 
 
-def test_a_rule_reads_the_row_of_its_own_merge():
+def test_a_rule_reads_the_row_of_its_own_merge(nearest_rule):
     table = [table_row(knobs=(64, 4, 32, "kernel", "fixed"))]
     grid = bsw.parse_batch_grid(copy.deepcopy(GRID))
     batch = grid.batches[0]
@@ -236,7 +242,7 @@ def test_a_rule_reads_the_row_of_its_own_merge():
     assert first["oracle_knobs"] == "64/4/32/fused/fixed"
 
 
-def test_a_load_aware_class_is_timed_and_read_at_its_split_plan():
+def test_a_load_aware_class_is_timed_and_read_at_its_split_plan(nearest_rule):
     table = [table_row(knobs=(64, 4, 32, "fused", "load_aware"))]
     grid = bsw.parse_batch_grid(copy.deepcopy(GRID))
     batch = grid.batches[0]
@@ -247,3 +253,30 @@ def test_a_load_aware_class_is_timed_and_read_at_its_split_plan():
     times = {knobs["auto"]: 70.0, (64, 4, 32, "fused", "fixed"): 66.0, (64, 4, 32, "fused", "load_aware"): 55.0}
     first = be.regret_records(grid, rows_for(batch, times), table, SMS)[0]
     assert first["selector_us"] == 55.0 and first["selector_regret"] == 0.0
+
+
+def test_each_batch_held_out_reads_the_table_of_the_others(tmp_path, nearest_rule):
+    grid = bsw.parse_batch_grid(copy.deepcopy(GRID))
+    first, second = grid.batches
+    x, y = (64, 4, 32, "fused", "fixed"), (128, 1, 8, "fused", "fixed")
+    rows = (rows_for(first, {x: 100.0, y: 150.0}, extra=[("copy_floor", "ok", 50.0)])
+            + rows_for(second, {x: 90.0, y: 60.0}))
+    records = be.leave_one_out_records(grid, rows, "nvidia_h200", SMS)
+    assert [r["lengths"] for r in records] == [first.label, second.label]
+    # Held out, each batch gets the other's winner: y on the first (150 / 100), x on the second (90 / 60).
+    assert records[0]["selector_knobs"] == "128/1/8/fused/fixed" and records[0]["selector_regret"] == 0.5
+    assert records[1]["selector_knobs"] == "64/4/32/fused/fixed" and records[1]["selector_regret"] == 0.5
+    assert be.leave_one_out_records(grid, rows_for(first, {x: 1.0}), "nvidia_h200", SMS) == []  # no other batch
+    twins = bsw.parse_batch_grid({**copy.deepcopy(GRID), "page_size": [16, 64], "lengths": [first.label]})
+    twin_rows = [row for b in twins.batches for row in rows_for(b, {x: 100.0, y: 90.0})]
+    assert be.leave_one_out_records(twins, twin_rows, "nvidia_h200", SMS) == []  # the other page size is no other batch
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(GRID))
+    (tmp_path / "rows.csv").write_text(bsw._csv_text(rows))
+    result = CliRunner().invoke(main, ["cross-validate-batches", "--grid", str(tmp_path / "grid.yaml"),
+                                       "--csv", str(tmp_path / "rows.csv"), "--gpu", "h200",
+                                       "--out-md", str(tmp_path / "loo.md")])
+    assert result.exit_code == 0, result.output
+    assert "| selector | 50.0% | 50.0% | 2 |" in (tmp_path / "loo.md").read_text()
+    result = CliRunner().invoke(main, ["cross-validate-batches", "--grid", str(tmp_path / "grid.yaml"),
+                                       "--csv", str(tmp_path / "none.csv"), "--gpu", "h200"])
+    assert result.exit_code == 2 and "no batch of" in result.output

@@ -11,7 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from splitkv_tune import batch_sweep as bsw
-from splitkv_tune import batch_table, bench, live, table
+from splitkv_tune import batch_table, bench, live, plan_points, table
 from splitkv_tune import compare_batch as cb
 from splitkv_tune.cli import main
 from splitkv_tune.reference import splitkv_attention_ref
@@ -134,8 +134,8 @@ def test_the_space_drops_block_kvs_a_head_dim_does_not_build_and_repeats():
     batches = bsw.parse_batch_grid(grid).batches
     assert len(batches) == 2 * BATCHES
     assert {b.plans for b in batches if b.head["head_dim"] == 256} == {((1, 4, 64), (2, 4, 64))}
-    assert cb.expand_plan_space([64, 128, 64], [1, 2], [8], 256, plans=[(2, 8), (1, 8, 32)]) == ([(1, 8, 64)], [128])
-    assert cb.expand_plan_space([32], [1], [8], 128, plans=[(1, 8)]) == ([(1, 8, 32)], [])
+    assert plan_points.expand_plan_space([64, 128, 64], [1, 2], [8], 256, plans=[(2, 8), (1, 8, 32)]) == ([(1, 8, 64)], [128])
+    assert plan_points.expand_plan_space([32], [1], [8], 128, plans=[(1, 8)]) == ([(1, 8, 32)], [])
 
 
 def _changed(path, value):

@@ -228,14 +228,20 @@ def select(table, lengths, **change):
     return bs.select_live_knobs(table, **{**args, **change})
 
 
-def test_the_nearest_class_gives_the_knobs(table_file):
+def test_the_nearest_class_gives_the_knobs(table_file, monkeypatch):
     table = bt.read_batch_table(table_file)
     exact = select(table, "skewed:16:65536:1024")
     assert exact.kwargs() == {"block_kv": 64, "min_blocks_per_split": 4, "max_splits": 64, "merge": "fused",
                              "split_plan": "fixed"}
     assert "distance 0.00" in exact.reason and "skewed:16:65536:1024" in exact.reason
     assert exact.row is table[1]
-    # A uniform batch is a class like any other: 12 x 6000 is nearer 16 x 8192 than the skewed one.
+    # A class serves its batch and its lengths at another page size, not a neighbour.
+    assert select(table, "skewed:16:65536:1024", page_size=16).row is table[1]  # 0.5 octaves
+    far = select(table, [6000] * 12, page_size=16)
+    assert far.row is None and far.merge == "auto" and "more than 0.5" in far.reason
+    monkeypatch.setattr(bs, "MAX_CLASS_DISTANCE", 8.0)
+    # The nearest rule: a uniform batch is a class like any other, 12 x 6000 nearer 16 x 8192 than
+    # the skewed one.
     uniform = select(table, [6000] * 12, page_size=16)
     assert uniform.kwargs() == {"block_kv": 64, "min_blocks_per_split": 2, "max_splits": 8, "merge": "fused",
                                "split_plan": "fixed"}
@@ -255,7 +261,8 @@ def test_padded_slots_and_bad_lengths(table_file):
             select(table, bad)
 
 
-def test_distance_and_its_ties():
+def test_distance_and_its_ties(monkeypatch):
+    monkeypatch.setattr(bs, "MAX_CLASS_DISTANCE", 8.0)
     row = dict(batch=16, len_max=65536, len_mean=4096, page_size=64)
     assert bs.class_distance(row, 8, 65536, 4096, 64) == 1.0
     assert bs.class_distance(row, 16, 65536, 4096, 16) == 2 * bs.PAGE_WEIGHT
@@ -328,11 +335,14 @@ def test_select_paged_with_the_batch_table(table_file):
     assert lines[1].startswith("why: batch table, bf16 D128 Hq32/Hkv8 Sq1: the nearest class")
     assert lines[2] == f"batch table: {table_file}"
     assert "a sequence of 65536 keys (the capacity)" in lines[3]
-    got = json.loads(invoke(*PAGED, "--lengths", "uniform:8:8192", "--page-size", "16", "--kv-len", "16384",
+    got = json.loads(invoke(*PAGED, "--lengths", "uniform:16:8192", "--page-size", "16", "--kv-len", "16384",
                             "--batch-table", table_file, "--json").output)
     assert (got["min_blocks_per_split"], got["max_splits"], got["merge"]) == (2, 8, "fused")
     assert got["batch_table"] == str(table_file) and "uniform:16:8192" in got["why"]
     assert got["splits_at_capacity"] == 8
+    far = json.loads(invoke(*PAGED, "--lengths", "uniform:8:8192", "--page-size", "16", "--kv-len", "16384",
+                            "--batch-table", table_file, "--json").output)
+    assert far["merge"] == "auto" and "more than 0.5 (batch_select.MAX_CLASS_DISTANCE)" in far["why"]
 
 
 def test_select_paged_falls_back_and_keeps_its_output_without_a_table(table_file):

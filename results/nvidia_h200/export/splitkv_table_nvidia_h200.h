@@ -819,8 +819,9 @@ namespace gpu_nvidia_h200 {
 //       + |L(page) - L(page')|,        L = log2_q16 (log2 in 16-bit fixed point)
 // equal distances to the class first by (B, len_max, len_mean, page): kBatchClasses is in that
 // order within a head configuration, so the first nearest class wins. A batch of equal lengths
-// is the class with len_max == len_mean. With no class of its head configuration the knobs are
-// rules.h's "auto" ones on num_sms SMs (this GPU's kSms when num_sms <= 0). Passed explicitly,
+// is the class with len_max == len_mean. With no class of its head configuration, or none within
+// d <= 131072 (batch_select.MAX_CLASS_DISTANCE octaves), the knobs are rules.h's "auto"
+// ones on num_sms SMs (this GPU's kSms when num_sms <= 0). Passed explicitly,
 // the knobs give each sequence splitkv::rules::live_splits(live_len, block_kv,
 // min_blocks_per_split, max_splits) splits, as the kernel computes them on the device; a class
 // whose split_plan is kSplitPlanLoadAware lets each launch choose min_blocks_per_split from the
@@ -924,7 +925,7 @@ inline bool select_live_knobs(int dtype, int head_dim, int q_heads, int kv_heads
       best_d = d;
     }
   }
-  if (best >= 0) {
+  if (best >= 0 && best_d <= 131072) {
     const BatchClass& c = kBatchClasses[best];
     *out = LiveKnobs{c.block_kv, c.min_blocks_per_split, c.max_splits, c.merge, c.split_plan, best};
     return true;
