@@ -111,6 +111,20 @@ PYBIND11_MODULE(_rules, m) {
     }
     return rules::live_plan_choices(min_blocks_per_split, block_kv);
   }, py::arg("min_blocks_per_split"), py::arg("block_kv"));
+  m.def("live_plan_knob_estimate", [](const std::vector<int>& lengths, int64_t tiles, int64_t ctas, int block_kv,
+                                      int min_blocks_per_split, int max_splits) {
+    for (int n : lengths) {
+      if (n < 0 || n > rules::kMaxKeys) throw py::value_error("live_plan_knob_estimate: a length outside [0, MAX_KEYS]");
+    }
+    if (lengths.empty() || tiles < 1 || ctas < 1 || ctas > rules::kMaxLiveCtas || block_kv < 1 ||
+        min_blocks_per_split < 1 || max_splits < 1) {
+      throw py::value_error("live_plan_knob_estimate needs lengths, tiles, block_kv, min_blocks_per_split, "
+                            "max_splits >= 1 and ctas in [1, " + std::to_string(rules::kMaxLiveCtas) + "]");
+    }
+    return rules::live_plan_knob_estimate(lengths.data(), int(lengths.size()), tiles, ctas, block_kv,
+                                          min_blocks_per_split, max_splits);
+  }, py::arg("lengths"), py::arg("tiles"), py::arg("ctas"), py::arg("block_kv"), py::arg("min_blocks_per_split"),
+        py::arg("max_splits"));
   m.def("live_plan_min_blocks", [](const std::vector<int>& lengths, int64_t tiles, int64_t ctas, int block_kv,
                                    int min_blocks_per_split, int max_splits, int choices) {
     for (int n : lengths) {

@@ -228,6 +228,23 @@ def test_load_aware_plan_chooses_among_the_knobs_multiples():
     assert _plan([8192] * 16, ctas=1056) == 16        # four times the CTAs: finer splits fill them
 
 
+def test_the_plan_chooses_the_least_estimate_of_its_knobs():
+    """live_plan_knob_estimate is the estimate the plan compares: its choice is the least of the
+    multiples' estimates, the knob itself unless that gains 5%."""
+    rng = random.Random(9)
+    for _ in range(300):
+        lengths = [rng.choice([0, 1, rng.randrange(1, 5000), rng.randrange(1, 300_000)])
+                   for _ in range(rng.randint(1, 40))]
+        knob, ctas, max_splits = rng.choice([1, 2, 4, 16]), rng.randint(1, 528), rng.randint(1, tunables.MAX_SPLITS)
+        choices = _rules.live_plan_choices(knob, 64)
+        estimates = [_rules.live_plan_knob_estimate(lengths, 8, ctas, 64, knob << j, max_splits) for j in range(choices)]
+        best = min(range(choices), key=lambda j: (estimates[j], j))
+        want = knob << best if estimates[best] * 100 <= estimates[0] * 95 else knob
+        assert _plan(lengths, knob, ctas, 8, max_splits) == want
+    with pytest.raises(ValueError, match="live_plan_knob_estimate needs"):
+        _rules.live_plan_knob_estimate([5], 8, 0, 64, 1, 1)
+
+
 def test_the_plan_knob_as_given_without_ctas(gen):
     """The reference applies the load-aware plan only when given the launch's CTAs; with them
     its output is the explicit call's at the chosen knob, bit for bit."""

@@ -14,8 +14,15 @@ come from it.
 min_blocks_per_split): for each batch, the knob that `plan.plan_min_blocks` chooses from the
 "auto" knob, looked up among the timed rows, against the "auto" knob itself and the best row.
 
+`rank` asks whether the model could choose all the knobs: for each batch of sweep-batches rows,
+the timed fixed-plan point (block_kv 64) that rules.h's estimate (`live_plan_knob_estimate`, on
+the batch's lengths and `--ctas` CTAs) ranks first, the smaller max_splits and then the fewer
+min_blocks_per_split among equal estimates, against the batch's best row, beside the "auto"
+knobs' row: regret per batch, geometric mean and max.
+
     python3 tools/plan_model.py fit results/nvidia_h200/batches/batches.csv ...   # needs scipy
     python3 tools/plan_model.py check --ctas 264 results/nvidia_h200/paged/plan_knob_curves_32_8_2026-12-02.csv
+    python3 tools/plan_model.py rank --ctas 264 results/nvidia_h200/batches/holdout.csv
 """
 from __future__ import annotations
 
@@ -24,7 +31,6 @@ import heapq
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import minimize
 
 from splitkv_tune import _rules, live, plan
 from splitkv_tune.batches import parse_lengths
@@ -71,6 +77,7 @@ def _time(x, items, ctas: int) -> float:
 
 
 def fit(paths, ctas: int) -> None:
+    from scipy.optimize import minimize
     d = _rows(paths)
     items = [_items(parse_lengths(r.label), int(r.kv_heads), int(r.min_blocks_per_split), int(r.max_splits))
              for r in d.itertuples()]
@@ -125,17 +132,48 @@ def check(paths, ctas: int, sms: int) -> None:
           f"({len(r)} batches)")
 
 
+def rank(paths, ctas: int) -> pd.DataFrame:
+    """One row per batch: the model's pick, its time, the auto row's and the best row's, regrets."""
+    d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
+    d = d[(d["status"] == "ok") & d["impl"].str.startswith("ours")]  # the best row: any knobs, any plan
+    rows = []
+    for (label, q_heads, kv_heads, q_len, page), g in d.groupby(["label", "q_heads", "kv_heads", "q_len",
+                                                                 "page_size"]):
+        lengths = list(parse_lengths(label))
+        tiles = int(kv_heads) * _rules.num_m_blocks(int(q_len) * int(q_heads // kv_heads))
+        fixed = g[(g["block_kv"] == BLOCK_KV) & (g["impl"] != "ours")
+                  & (g["split_plan"].isna() | (g["split_plan"] == "fixed") if "split_plan" in g else True)]
+        points = {(int(r.min_blocks_per_split), int(r.max_splits)): r.median_us for r in fixed.itertuples()}
+        pick = min(points, key=lambda p: (_rules.live_plan_knob_estimate(lengths, tiles, ctas, BLOCK_KV, *p),
+                                          p[1], p[0]))
+        best = g["median_us"].min()
+        auto = g.loc[g["impl"] == "ours", "median_us"]
+        rows.append({"batch": label, "kv_heads": kv_heads, "page": page, "pick": f"m{pick[0]} s{pick[1]}",
+                     "pick_us": points[pick], "auto_us": auto.iloc[0] if len(auto) else np.nan, "best_us": best})
+    r = pd.DataFrame(rows)
+    for col in ("pick", "auto"):
+        r[f"{col}_regret"] = r[f"{col}_us"] / r["best_us"] - 1
+    return r
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("fit", "check"))
+    parser.add_argument("what", choices=("fit", "check", "rank"))
     parser.add_argument("csv", nargs="+")
     parser.add_argument("--ctas", type=int, default=264, help="the launch's CTAs (H200: 132 SMs x 2)")
     parser.add_argument("--sms", type=int, default=132)
     args = parser.parse_args()
     if args.what == "fit":
         fit(args.csv, args.ctas)
-    else:
+    elif args.what == "check":
         check(args.csv, args.ctas, args.sms)
+    else:
+        r = rank(args.csv, args.ctas)
+        print(r.round(3).to_string(index=False))
+        for col in ("pick", "auto"):
+            regret = r[f"{col}_regret"].dropna()
+            print(f"{col}: geometric-mean regret {np.expm1(np.log1p(regret).mean()):.1%}, max {regret.max():.1%} "
+                  f"({len(regret)} batches)")
 
 
 if __name__ == "__main__":

@@ -315,24 +315,33 @@ SPLITKV_HOST_DEVICE constexpr int live_plan_pick(const int64_t* estimates, int n
   return estimates[best] * 100 <= estimates[0] * (100 - kLivePlanMarginPct) ? best : 0;
 }
 
+// live_plan_estimate of the knobs (block_kv, min_blocks, max_splits) for a batch of `batch` live
+// lengths, serially (their tally, then the estimate): what each CTA of a load-aware launch
+// computes per choice (tile_scheduler.h), for the host.
+SPLITKV_HOST_DEVICE constexpr int64_t live_plan_knob_estimate(const int* lengths, int batch, int64_t tiles,
+                                                              int64_t ctas, int block_kv, int min_blocks,
+                                                              int max_splits) {
+  int64_t blocks = 0;
+  LivePlanTally t{};
+  for (int b = 0; b < batch; ++b) {
+    blocks += ceil_div(lengths[b], block_kv);
+    const LivePlanShare s = live_plan_share(lengths[b], block_kv, min_blocks, max_splits);
+    t.splits[s.size_class] += s.splits;
+    t.max_blocks[s.size_class] =
+        t.max_blocks[s.size_class] > s.blocks_per_split ? t.max_blocks[s.size_class] : s.blocks_per_split;
+  }
+  return live_plan_estimate(t, blocks, tiles, ctas, block_kv);
+}
+
 // The plan's min_blocks_per_split for a batch of `batch` live lengths, serially: what the CTAs
 // of the launch compute together (tile_scheduler.h), for the host (the reference, the exported
 // selector). choices: live_plan_choices(min_blocks, block_kv), or 1 for the knob as given.
 SPLITKV_HOST_DEVICE constexpr int live_plan_min_blocks(const int* lengths, int batch, int64_t tiles, int64_t ctas,
                                                        int block_kv, int min_blocks, int max_splits, int choices) {
   if (choices <= 1) return min_blocks;
-  int64_t blocks = 0;
-  for (int b = 0; b < batch; ++b) blocks += ceil_div(lengths[b], block_kv);
   int64_t estimates[kLivePlanChoices] = {};
   for (int j = 0; j < choices; ++j) {
-    LivePlanTally t{};
-    for (int b = 0; b < batch; ++b) {
-      const LivePlanShare s = live_plan_share(lengths[b], block_kv, min_blocks << j, max_splits);
-      t.splits[s.size_class] += s.splits;
-      t.max_blocks[s.size_class] =
-          t.max_blocks[s.size_class] > s.blocks_per_split ? t.max_blocks[s.size_class] : s.blocks_per_split;
-    }
-    estimates[j] = live_plan_estimate(t, blocks, tiles, ctas, block_kv);
+    estimates[j] = live_plan_knob_estimate(lengths, batch, tiles, ctas, block_kv, min_blocks << j, max_splits);
   }
   return min_blocks << live_plan_pick(estimates, choices);
 }
