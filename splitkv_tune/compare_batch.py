@@ -30,9 +30,9 @@ them empty, and so does every row off a CUDA device (no SM count to resolve ``"a
 Timing is ``bench.time_callable`` with ``method="cuda_graph"`` (each sample a graph replay of
 at least 16 calls, rotating over copies of the batch that cover twice the L2), the discipline
 of ``compare``; a failure to capture or run is that row's ``reason``, never raised. Our calls
-pass ``check_inputs=False``: a captured call must not read the lengths back to the host. The
-untimed first call of each implementation (``check_inputs=True`` for ours) gives the output
-that is checked: against ``reference.splitkv_attention_ref`` in fp32 when the batch has at most
+pass ``check_inputs=False``: a captured call must not read the check's answer back to the
+host. The untimed first call of each implementation (``check_inputs=True`` for ours) gives the
+output that is checked: against ``reference.splitkv_attention_ref`` in fp32 when the batch has at most
 ``REFERENCE_MAX_KEYS`` keys, else against the first FlashInfer peer that ran. With ``eager``
 each implementation's eager loop and host cost are timed too (``EAGER_COLUMNS``): ours as a
 user calls it, ``check_inputs=True``, in the loop, and without the check for the host cost.

@@ -311,10 +311,11 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
     keys, length and the knobs, never on the other sequences' lengths or the table's width;
     the ``"auto"`` knobs follow the batch size B (fixed in a captured graph), so pass them
     explicitly for bits that do not change with B either. ``check_inputs``
-    (default True): read the lengths and the table to the host and raise ``ValueError`` for
-    a length above the capacity or a live page outside the pool;
-    skipped under CUDA-graph capture and ``torch.compile``, and when False (then a wrong table
-    is the caller's out-of-bounds read).
+    (default True): check every length against the capacity and every live page against the
+    pool on the device (one small kernel, ``live_check.h``), read its answer back, and raise
+    ``ValueError`` naming the first bad entry; skipped under CUDA-graph capture and
+    ``torch.compile``, and when False (then a wrong table is the caller's out-of-bounds read).
+    The checks that need no data run on a call signature's first call only.
     """
     if cache_seqlens is not None or block_table is not None:
         return _live_call(q, k, v, cache_seqlens, block_table, causal, softmax_scale, num_splits, block_kv,
