@@ -43,6 +43,20 @@ py::tuple as_tuple(const int (&values)[N]) {
   return t;
 }
 
+// The arguments of the load-aware plan's host functions: lengths in [0, kMaxKeys], the rest
+// positive, ctas within the live grid's bound; ValueError naming the function otherwise.
+void check_live_plan_args(const char* name, const std::vector<int>& lengths, int64_t tiles, int64_t ctas,
+                          int block_kv, int min_blocks_per_split, int max_splits) {
+  for (int n : lengths) {
+    if (n < 0 || n > rules::kMaxKeys) throw py::value_error(std::string(name) + ": a length outside [0, MAX_KEYS]");
+  }
+  if (lengths.empty() || tiles < 1 || ctas < 1 || ctas > rules::kMaxLiveCtas || block_kv < 1 ||
+      min_blocks_per_split < 1 || max_splits < 1) {
+    throw py::value_error(std::string(name) + " needs lengths, tiles, block_kv, min_blocks_per_split, max_splits >= 1 "
+                          "and ctas in [1, " + std::to_string(rules::kMaxLiveCtas) + "]");
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_rules, m) {
@@ -113,29 +127,18 @@ PYBIND11_MODULE(_rules, m) {
   }, py::arg("min_blocks_per_split"), py::arg("block_kv"));
   m.def("live_plan_knob_estimate", [](const std::vector<int>& lengths, int64_t tiles, int64_t ctas, int block_kv,
                                       int min_blocks_per_split, int max_splits) {
-    for (int n : lengths) {
-      if (n < 0 || n > rules::kMaxKeys) throw py::value_error("live_plan_knob_estimate: a length outside [0, MAX_KEYS]");
-    }
-    if (lengths.empty() || tiles < 1 || ctas < 1 || ctas > rules::kMaxLiveCtas || block_kv < 1 ||
-        min_blocks_per_split < 1 || max_splits < 1) {
-      throw py::value_error("live_plan_knob_estimate needs lengths, tiles, block_kv, min_blocks_per_split, "
-                            "max_splits >= 1 and ctas in [1, " + std::to_string(rules::kMaxLiveCtas) + "]");
-    }
+    check_live_plan_args("live_plan_knob_estimate", lengths, tiles, ctas, block_kv, min_blocks_per_split, max_splits);
     return rules::live_plan_knob_estimate(lengths.data(), int(lengths.size()), tiles, ctas, block_kv,
                                           min_blocks_per_split, max_splits);
   }, py::arg("lengths"), py::arg("tiles"), py::arg("ctas"), py::arg("block_kv"), py::arg("min_blocks_per_split"),
         py::arg("max_splits"));
   m.def("live_plan_min_blocks", [](const std::vector<int>& lengths, int64_t tiles, int64_t ctas, int block_kv,
                                    int min_blocks_per_split, int max_splits, int choices) {
-    for (int n : lengths) {
-      if (n < 0 || n > rules::kMaxKeys) throw py::value_error("live_plan_min_blocks: a length outside [0, MAX_KEYS]");
-    }
-    if (lengths.empty() || tiles < 1 || ctas < 1 || ctas > rules::kMaxLiveCtas || block_kv < 1 ||
-        min_blocks_per_split < 1 || max_splits < 1 || choices < 1 || choices > rules::kLivePlanChoices ||
+    check_live_plan_args("live_plan_min_blocks", lengths, tiles, ctas, block_kv, min_blocks_per_split, max_splits);
+    if (choices < 1 || choices > rules::kLivePlanChoices ||
         (int64_t(min_blocks_per_split) << (choices - 1)) > rules::kMaxKeys) {
-      throw py::value_error("live_plan_min_blocks needs lengths, tiles, block_kv, min_blocks_per_split, "
-                            "max_splits >= 1, ctas in [1, " + std::to_string(rules::kMaxLiveCtas) +
-                            "] and choices in [1, " + std::to_string(rules::kLivePlanChoices) + "]");
+      throw py::value_error("live_plan_min_blocks needs choices in [1, " + std::to_string(rules::kLivePlanChoices) +
+                            "] and min_blocks_per_split << (choices - 1) at most MAX_KEYS");
     }
     return rules::live_plan_min_blocks(lengths.data(), int(lengths.size()), tiles, ctas, block_kv,
                                        min_blocks_per_split, max_splits, choices);

@@ -23,7 +23,6 @@ import dataclasses
 import math
 
 from splitkv_tune import baselines, batch_select, batches, live, plan_points, tunables
-from splitkv_tune import compare_batch as cb
 from splitkv_tune.batch_sweep import KEY_COLUMNS, Batch, BatchGrid
 from splitkv_tune.batch_table import CANDIDATE_IMPL
 from splitkv_tune.tunables import Shape
@@ -70,8 +69,8 @@ def with_rule_plans(grid: BatchGrid, table, num_sms: int) -> BatchGrid:
         plans = list(batch.plans)
         default_merge = _merge(batch, "auto")
         for rule, (block_kv, min_blocks, max_splits, merge, split_plan) in rule_knobs(batch, table, num_sms).items():
-            point = plan_points.plan_point(min_blocks, max_splits, block_kv, "auto" if merge == default_merge else merge,
-                                  split_plan)
+            point = plan_points.plan_point(min_blocks, max_splits, block_kv,
+                                           "auto" if merge == default_merge else merge, split_plan)
             if rule != "auto" and point not in plans:
                 plans.append(point)
         out.append(dataclasses.replace(batch, plans=tuple(plans)))

@@ -19,8 +19,9 @@ no rule of its own. With no row of that head configuration, or none within
 Why the bound: held out in turn (``splitkv-tune cross-validate-batches`` on the rows of
 ``results/nvidia_h200/batches/batches.csv`` and ``batches_dense.csv``: each of their 50 batches
 against a table of the others, less its own lengths at the other page size), the nearest
-class's knobs had 9.9% geometric-mean regret and the ``"auto"`` rules 6.8%; taking the class only within D octaves and ``"auto"`` beyond gave 6.8% for D below
-1, 7.3% at 1, 7.5% at 1.5 and 9.3% at 2. So a class serves its own batch, and the same lengths at
+class's knobs had 9.9% geometric-mean regret and the ``"auto"`` rules 6.8%; taking the class
+only within D octaves and ``"auto"`` beyond gave 6.8% for D below 1, 7.3% at 1, 7.5% at 1.5 and
+9.3% at 2. So a class serves its own batch, and the same lengths at
 another page size (0.5 octaves), not its neighbours: the knobs that win on one batch do not carry
 over to a batch of another size or spread.
 """
@@ -128,20 +129,21 @@ def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_head
     head = (dtype, head_dim, q_heads, kv_heads, q_len)
     rows = [r for r in table if tuple(r[c] for c in HEAD_COLUMNS) == head]
     config = f"{dtype} D{head_dim} Hq{q_heads}/Hkv{kv_heads} Sq{q_len}"
+
+    def live_defaults(why: str) -> LiveKnobs:
+        bkv, min_blocks, bound = live.resolve_knobs(batch, head_dim, kv_heads, q_rows, num_sms)
+        return LiveKnobs(bkv, min_blocks, bound, "auto",
+                         f"{why}: the live defaults: {live.explain_knobs(batch, head_dim, kv_heads, q_rows, num_sms)}")
+
     if not rows:
-        bkv, min_blocks, bound = live.resolve_knobs(batch, head_dim, kv_heads, q_rows, num_sms)
-        return LiveKnobs(bkv, min_blocks, bound, "auto",
-                         f"no batch-table row for {config} (of its {len(table)} rows): "
-                         f"the live defaults: {live.explain_knobs(batch, head_dim, kv_heads, q_rows, num_sms)}")
-    row = min(rows, key=lambda r: (class_distance_q(r, batch, len_max, len_mean, page_size), class_order(r)))
-    distance = class_distance(row, batch, len_max, len_mean, page_size)
-    if class_distance_q(row, batch, len_max, len_mean, page_size) > max_class_distance_q():
-        bkv, min_blocks, bound = live.resolve_knobs(batch, head_dim, kv_heads, q_rows, num_sms)
-        return LiveKnobs(bkv, min_blocks, bound, "auto",
-                         f"batch table, {config}: the nearest class of {len(rows)} to "
-                         f"{_describe(batch, len_max, len_mean, page_size)} is {row['lengths']} at distance "
-                         f"{distance:.2f}, more than {MAX_CLASS_DISTANCE} (batch_select.MAX_CLASS_DISTANCE): the "
-                         f"live defaults: {live.explain_knobs(batch, head_dim, kv_heads, q_rows, num_sms)}")
+        return live_defaults(f"no batch-table row for {config} (of its {len(table)} rows)")
+    distance_q, row = min(((class_distance_q(r, batch, len_max, len_mean, page_size), r) for r in rows),
+                          key=lambda pair: (pair[0], class_order(pair[1])))
+    distance = distance_q / DISTANCE_ONE
+    if distance_q > max_class_distance_q():
+        return live_defaults(f"batch table, {config}: the nearest class of {len(rows)} to "
+                             f"{_describe(batch, len_max, len_mean, page_size)} is {row['lengths']} at distance "
+                             f"{distance:.2f}, more than {MAX_CLASS_DISTANCE} (batch_select.MAX_CLASS_DISTANCE)")
     # The reader checked the row; resolve_knobs checks knobs from a table built any other way.
     bkv, min_blocks, bound = live.resolve_knobs(batch, head_dim, kv_heads, q_rows, num_sms, row["block_kv"],
                                                 row["min_blocks_per_split"], row["max_splits"])

@@ -49,7 +49,7 @@ import yaml
 
 from splitkv_tune import batches, bench, plan, plan_points, tunables
 from splitkv_tune import compare_batch as cb
-from splitkv_tune.batch_table import LABEL_RE, LEGACY_SPLIT_PLAN, read_csv_rows
+from splitkv_tune.batch_table import LABEL_RE, read_csv_rows, with_legacy_split_plan
 from splitkv_tune.gpu_profiles import PROFILES
 from splitkv_tune.space import GridError, _parse_timing
 from splitkv_tune.table_schema import TableError
@@ -81,7 +81,8 @@ class Batch:
     page_size: int
     label: str
     lengths: tuple[int, ...]
-    plans: tuple[tuple, ...]  # plan_points.plan_point: (min_blocks_per_split, max_splits, block_kv[, merge[, split_plan]])
+    # plan_points.plan_point: (min_blocks_per_split, max_splits, block_kv[, merge[, split_plan]])
+    plans: tuple[tuple, ...]
 
     def key(self) -> tuple[str, ...]:
         """``KEY_COLUMNS`` as the CSV's cells read."""
@@ -191,8 +192,8 @@ def parse_batch_grid(raw, source: str = "<grid>") -> BatchGrid:
     out: dict[tuple, Batch] = {}
     for i, head in enumerate(heads):
         block_kvs, min_blocks, max_splits, merges, split_plans = space
-        plans, dropped = plan_points.expand_plan_space(block_kvs, min_blocks, max_splits, head["head_dim"], merges=merges,
-                                              split_plans=split_plans)
+        plans, dropped = plan_points.expand_plan_space(block_kvs, min_blocks, max_splits, head["head_dim"],
+                                                       merges=merges, split_plans=split_plans)
         if not plans:
             raise GridError(f"{source}: space.block_kv: none of {dropped} is built at head_dim {head['head_dim']} "
                             f"(heads[{i}])")
@@ -228,7 +229,7 @@ def read_rows(path) -> list[dict]:
         return []
     header, rows = read_csv_rows(path)
     if header == [c for c in cb.COLUMNS if c != "split_plan"]:
-        rows = [{**row, "split_plan": LEGACY_SPLIT_PLAN if row.get("block_kv") else ""} for row in rows]
+        rows = with_legacy_split_plan(rows)
         header = cb.COLUMNS
     if header != cb.COLUMNS:
         have = header

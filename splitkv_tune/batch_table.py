@@ -241,20 +241,32 @@ def write_batch_table(path, records) -> Path:
     return atomic_write_text(path, format_batch_table(records))
 
 
+def with_legacy_split_plan(rows: list[dict]) -> list[dict]:
+    """compare-batch rows written before the ``split_plan`` column, with it: ``fixed`` where the
+    row has knobs, empty where it has none."""
+    return [{**row, "split_plan": LEGACY_SPLIT_PLAN if _text(row, "block_kv") else ""} for row in rows]
+
+
 def read_compare_batch_csv(path) -> list[dict]:
     """A compare-batch CSV's rows (dicts of strings), each with ``source``: the file's name
     (characters outside ``NAME_RE`` as ``_``). ``TableError`` when the knob columns are missing."""
     header, rows = read_csv_rows(path)
     if "split_plan" not in header:  # written before the split plan existed: its knobs are fixed plans
-        rows = [{**row, "split_plan": LEGACY_SPLIT_PLAN if _text(row, "block_kv") else ""} for row in rows]
+        rows = with_legacy_split_plan(rows)
         header = [*header, "split_plan"]
     missing = [c for c in COMPARE_COLUMNS if c not in header]
     if missing:
         hint = (": written before compare-batch recorded its knobs; rerun compare-batch"
                 if set(missing) <= set(KNOB_COLUMNS) else "")
         raise TableError(path, f"not a compare-batch CSV, missing columns: {', '.join(missing)}{hint}")
+    return tag_run(rows, path)
+
+
+def tag_run(rows: list[dict], path) -> list[dict]:
+    """The rows of the CSV at ``path`` with its name as ``source`` (characters outside
+    ``NAME_RE`` as ``_``) and its resolved path as ``RUN_KEY``: two files of one name are two runs."""
     source = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(path).name)
-    run = str(Path(path).resolve())  # which file: two of one name are two runs
+    run = str(Path(path).resolve())
     return [{**row, "source": source, RUN_KEY: run} for row in rows]
 
 

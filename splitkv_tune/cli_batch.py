@@ -7,7 +7,6 @@ CUDA is touched, so bad input costs nothing and needs no GPU.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
@@ -62,9 +61,10 @@ def _plan_option(text: str) -> tuple:
         check_split_plan(split_plan)
         check_plan_knobs(block_kv, min_blocks, max_splits)
     except ValueError:
-        raise click.BadParameter(f"expected MIN_BLOCKS:MAX_SPLITS[:BLOCK_KV[:MERGE[:SPLIT_PLAN]]] with MIN_BLOCKS "
-                                 f">= 1, MAX_SPLITS in [1, {tunables.MAX_SPLITS}], BLOCK_KV one of {tunables.BLOCK_KV}, "
-                                 f"MERGE one of {tunables.MERGES} and SPLIT_PLAN one of {SPLIT_PLANS}, got {text!r}",
+        raise click.BadParameter(f"expected MIN_BLOCKS:MAX_SPLITS[:BLOCK_KV[:MERGE[:SPLIT_PLAN]]] with "
+                                 f"MIN_BLOCKS >= 1, MAX_SPLITS in [1, {tunables.MAX_SPLITS}], BLOCK_KV one of "
+                                 f"{tunables.BLOCK_KV}, MERGE one of {tunables.MERGES} and SPLIT_PLAN one of "
+                                 f"{SPLIT_PLANS}, got {text!r}",
                                  param_hint="--plan") from None
     return plan_point(min_blocks, max_splits, block_kv, merge, split_plan)
 
@@ -84,8 +84,9 @@ def _plan_space(ctx, param, value):
         lists.append(parts[4].split(",") if len(parts) > 4 else ["fixed"])
         check_plan_space(*lists)
     except ValueError as err:
-        raise click.BadParameter(f"expected BLOCK_KVS:MIN_BLOCKS:MAX_SPLITS[:MERGES[:SPLIT_PLANS]], comma lists such "
-                                 f"as 64,128:1,2,4,8,16:8,16,32,64:fused,kernel:fixed,load_aware, got {value!r} ({err})",
+        raise click.BadParameter(f"expected BLOCK_KVS:MIN_BLOCKS:MAX_SPLITS[:MERGES[:SPLIT_PLANS]], comma lists "
+                                 f"such as 64,128:1,2,4,8,16:8,16,32,64:fused,kernel:fixed,load_aware, got "
+                                 f"{value!r} ({err})",
                                  param_hint="--plan-space") from None
     return lists
 
@@ -275,7 +276,7 @@ def cross_validate_batches(grid_paths, csv_paths, gpu, num_sms, out_md):
     from the others, and every rule timed by the batch's own rows."""
     import dataclasses
     from splitkv_tune import batch_evaluation, batch_sweep
-    from splitkv_tune.batch_table import RUN_KEY
+    from splitkv_tune.batch_table import tag_run
     from splitkv_tune.gpu_profiles import PROFILES
     from splitkv_tune.gpus import resolve_gpu
     from splitkv_tune.table import atomic_write_text
@@ -291,8 +292,7 @@ def cross_validate_batches(grid_paths, csv_paths, gpu, num_sms, out_md):
     # A batch timed in several CSVs: the last one's rows, as batch-table takes them (one run per batch).
     rows, later = [], set()
     for path in reversed(csv_paths):
-        mine = [{**row, "source": Path(path).name, RUN_KEY: str(Path(path).resolve())}
-                for row in batch_sweep.read_rows(path)]
+        mine = tag_run(batch_sweep.read_rows(path), path)
         keys = {tuple(r[c] for c in batch_sweep.KEY_COLUMNS) for r in mine}
         rows = [r for r in mine if tuple(r[c] for c in batch_sweep.KEY_COLUMNS) not in later] + rows
         later |= keys

@@ -21,10 +21,10 @@ timed, in one process and one run, by every implementation:
 * ``copy_floor``: the live keys and values (``live_kv_bytes``) over the device's copy bandwidth.
 
 Every row that runs our live path (``ours``, ``ours_one_split``, ``ours_load_aware``, the plan
-rows, ``ours_wide<N>`` and ``ours_contiguous``) records its knobs in the columns ``KNOB_COLUMNS``, its ``"auto"`` knobs
-resolved as the call resolves them on this device's SM count (``live.resolve_knobs``) and
-``merge`` as what the call's ``"auto"`` merge becomes when a sequence splits; the batch-class
-table (``batch_table``) is built from them. Peers, the floor and the equal-length rows leave
+rows, ``ours_wide<N>`` and ``ours_contiguous``) records its knobs in the columns
+``KNOB_COLUMNS``, its ``"auto"`` knobs resolved as the call resolves them on this device's SM
+count (``live.resolve_knobs``) and ``merge`` as what the call's ``"auto"`` merge becomes when a
+sequence splits; the batch-class table (``batch_table``) is built from them. Peers, the floor and the equal-length rows leave
 them empty, and so does every row off a CUDA device (no SM count to resolve ``"auto"`` with).
 
 Timing is ``bench.time_callable`` with ``method="cuda_graph"`` (each sample a graph replay of

@@ -36,6 +36,16 @@ def _extension():
     return _C
 
 
+@functools.cache
+def extension_built() -> bool:
+    """Whether the CUDA extension imports (the reference runs on CUDA tensors without it)."""
+    try:
+        _extension()
+    except RuntimeError:
+        return False
+    return True
+
+
 @functools.lru_cache(maxsize=None)
 def _device_info(index: int) -> tuple[str, int]:
     props = torch.cuda.get_device_properties(index)

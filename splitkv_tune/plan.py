@@ -103,9 +103,9 @@ def first_bad_live_value(k: torch.Tensor, cache_seqlens, block_table, capacity: 
         return -1
     batch = block_table.shape[0] if block_table is not None else k.shape[0]
     page_size, num_pages = int(k.shape[1]), int(k.shape[0])
-    if k.is_cuda and _extension_built():
-        from splitkv_tune import _C
-        return _C.live_check(cache_seqlens, block_table, batch, capacity, page_size, num_pages)
+    from splitkv_tune.ops import _extension, extension_built
+    if k.is_cuda and extension_built():
+        return _extension().live_check(cache_seqlens, block_table, batch, capacity, page_size, num_pages)
     device = (cache_seqlens if cache_seqlens is not None else block_table).device
     lens = (cache_seqlens.long() if cache_seqlens is not None
             else torch.full((batch,), capacity, dtype=torch.long, device=device))
@@ -117,15 +117,6 @@ def first_bad_live_value(k: torch.Tensor, cache_seqlens, block_table, capacity: 
     live = (torch.arange(block_table.shape[1], device=device)[None, :] * page_size) < lens[:, None]
     bad = (live & ((block_table < 0) | (block_table >= num_pages))).flatten().nonzero()
     return batch + int(bad[0, 0]) if len(bad) else -1
-
-
-def _extension_built() -> bool:
-    """Whether the CUDA extension imports (the reference runs on CUDA tensors without it)."""
-    try:
-        from splitkv_tune import _C  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def check_live_values(k: torch.Tensor, cache_seqlens, block_table, capacity: int) -> None:

@@ -108,7 +108,8 @@ def rows_for(batch, times: dict, extra=()):
     for i, (knobs, median) in enumerate(times.items()):
         row = dict.fromkeys(cb.COLUMNS, "")
         row.update(batch.head, page_size=batch.page_size, label=batch.label, batch=s["batch"], max_len=s["max"],
-                   total_len=s["total"], impl="ours" if i == 0 else plan_points.plan_row_name(knobs[1], knobs[2], knobs[0]),
+                   total_len=s["total"],
+                   impl="ours" if i == 0 else plan_points.plan_row_name(knobs[1], knobs[2], knobs[0]),
                    status="ok", median_us=median, p20_us=median, p80_us=median)
         row.update(zip(be.PLAN_KNOBS, knobs))
         rows.append({k: str(v) for k, v in row.items()})

@@ -134,7 +134,8 @@ def test_the_space_drops_block_kvs_a_head_dim_does_not_build_and_repeats():
     batches = bsw.parse_batch_grid(grid).batches
     assert len(batches) == 2 * BATCHES
     assert {b.plans for b in batches if b.head["head_dim"] == 256} == {((1, 4, 64), (2, 4, 64))}
-    assert plan_points.expand_plan_space([64, 128, 64], [1, 2], [8], 256, plans=[(2, 8), (1, 8, 32)]) == ([(1, 8, 64)], [128])
+    assert plan_points.expand_plan_space([64, 128, 64], [1, 2], [8], 256, plans=[(2, 8), (1, 8, 32)]) == \
+        ([(1, 8, 64)], [128])
     assert plan_points.expand_plan_space([32], [1], [8], 128, plans=[(1, 8)]) == ([(1, 8, 32)], [])
 
 

@@ -1,82 +1,29 @@
 """The batch-class table (schema v3) on the CPU: built from compare-batch CSVs written in their
-real column layout, the winner and tie rule, the round trip, every validation error, the
-selector's nearest class and fallback, and the ``batch-table`` and ``select --paged`` commands."""
-import csv
+real column layout, the winner and tie rule, the round trip, every validation error, the JSON
+file and the ``batch-table`` command."""
 import json
 import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from batch_rows import (PAGED, SKEWED_RUN, UNIFORM, UNIFORM_RUN, as_read, compare_row, invoke, rewrite, write_csv,
+                        write_table)
 
-from splitkv_tune import batch_select as bs
 from splitkv_tune import batch_table as bt
 from splitkv_tune import batch_table_json as btj
 from splitkv_tune import compare_batch, live
-from splitkv_tune.cli import main
 from splitkv_tune.table_schema import TableError, read_heuristics, read_heuristics_records
 
-SKEWED = dict(label="skewed:16:65536:1024", batch=16, min_len=1024, max_len=65536, mean_len=5056.0,
-              total_len=80896)
-UNIFORM = dict(label="uniform:16:8192", batch=16, min_len=8192, max_len=8192, mean_len=8192.0, total_len=131072)
 V1_TABLE = Path(__file__).parent / "fixtures" / "heuristics.csv"
-HEADS = dict(page_size=64, q_heads=32, kv_heads=8, head_dim=128, q_len=1, dtype="bf16")
 
 
 def test_the_table_reads_the_knob_columns_compare_batch_writes():
     assert compare_batch.KNOB_COLUMNS == bt.KNOB_COLUMNS
     assert set(bt.COMPARE_COLUMNS) <= set(compare_batch.COLUMNS)
 
-
-def compare_row(impl, median_us, knobs=(64, 16, 33, "fused"), batch=SKEWED, spread=0.002, **change):
-    """One compare-batch row, every column of ``compare_batch.COLUMNS`` as the CSV holds it."""
-    row = dict.fromkeys(compare_batch.COLUMNS, "")
-    row.update(batch, **HEADS, impl=impl, status="ok", median_us=median_us, p20_us=median_us * (1 - spread),
-               p80_us=median_us * (1 + spread), n=128, method="cuda_graph", input_sets=1)
-    row.update(zip(compare_batch.KNOB_COLUMNS, (*knobs, "fixed") if len(knobs) == 4 else knobs))
-    row.update(change)
-    return row
-
-
-def write_csv(path, rows, columns=compare_batch.COLUMNS):
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, columns, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
-
-
-def as_read(rows, source="run.csv"):
-    """Rows as ``read_compare_batch_csv`` gives them: strings, with the file's name."""
-    return [{**{k: "" if v is None else str(v) for k, v in r.items()}, "source": source} for r in rows]
-
-
-SKEWED_RUN = [
-    compare_row("ours", 96.4),
-    compare_row("ours_one_split", 104.5, (64, 1, 16, "fused")),
-    compare_row("ours_m4_s64", 93.4, (64, 4, 64, "fused")),
-    compare_row("ours_kv128_m4_s64", 125.6, (128, 4, 64, "fused")),
-    compare_row("ours_wide4", 80.0),  # the layout at ours' knobs: never a candidate
-    compare_row("ours_contiguous", 89.5),
-    compare_row("flashinfer_decode_tc", 87.9, ("", "", "", "")),
-    compare_row("copy_floor", 79.2, ("", "", "", "")),
-]
-UNIFORM_RUN = [compare_row("ours", 140.0, batch=UNIFORM),
-               compare_row("ours_m2_s8", 120.0, (64, 2, 8, "fused"), batch=UNIFORM)]
-
-
 @pytest.fixture
 def table_file(tmp_path):
-    table = bt.build_batch_table(as_read(SKEWED_RUN + UNIFORM_RUN), "h200")
-    return bt.write_batch_table(tmp_path / "batch_table.csv", table)
-
-
-def rewrite(path, **change):
-    """The table at ``path`` with the cells of its first row changed."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    rows[0].update({k: str(v) for k, v in change.items()})
-    return write_csv(path, rows, list(rows[0]))
+    return write_table(tmp_path)
 
 
 # --- the builder -------------------------------------------------------------------------------
@@ -220,80 +167,7 @@ def test_a_v1_table_is_not_a_batch_table_and_back(table_file):
             reader(table_file)
 
 
-# --- the selector ------------------------------------------------------------------------------
-
-def select(table, lengths, **change):
-    args = dict(dtype="bf16", head_dim=128, q_heads=32, kv_heads=8, q_len=1, page_size=64, lengths=lengths,
-                num_sms=132)
-    return bs.select_live_knobs(table, **{**args, **change})
-
-
-def test_the_nearest_class_gives_the_knobs(table_file, monkeypatch):
-    table = bt.read_batch_table(table_file)
-    exact = select(table, "skewed:16:65536:1024")
-    assert exact.kwargs() == {"block_kv": 64, "min_blocks_per_split": 4, "max_splits": 64, "merge": "fused",
-                             "split_plan": "fixed"}
-    assert "distance 0.00" in exact.reason and "skewed:16:65536:1024" in exact.reason
-    assert exact.row is table[1]
-    # A class serves its batch and its lengths at another page size, not a neighbour.
-    assert select(table, "skewed:16:65536:1024", page_size=16).row is table[1]  # 0.5 octaves
-    far = select(table, [6000] * 12, page_size=16)
-    assert far.row is None and far.merge == "auto" and "more than 0.5" in far.reason
-    monkeypatch.setattr(bs, "MAX_CLASS_DISTANCE", 8.0)
-    # The nearest rule: a uniform batch is a class like any other, 12 x 6000 nearer 16 x 8192 than
-    # the skewed one.
-    uniform = select(table, [6000] * 12, page_size=16)
-    assert uniform.kwargs() == {"block_kv": 64, "min_blocks_per_split": 2, "max_splits": 8, "merge": "fused",
-                               "split_plan": "fixed"}
-    assert "uniform:16:8192" in uniform.reason
-    # One long sequence pulls towards the skewed class.
-    assert select(table, "skewed:32:131072:512").max_splits == 64
-
-
-def test_padded_slots_and_bad_lengths(table_file):
-    """A captured batch pads with empty sequences (length 0): they select like 1-key ones, never
-    divide by zero; no length or a negative one is a ValueError naming lengths."""
-    table = bt.read_batch_table(table_file)
-    assert select(table, [0, 0, 0, 0]).kwargs() == select(table, [1, 1, 1, 1]).kwargs()
-    assert select(table, [65536] + [0] * 15).row is not None
-    for bad in ([], [5, -1]):
-        with pytest.raises(ValueError, match="lengths"):
-            select(table, bad)
-
-
-def test_distance_and_its_ties(monkeypatch):
-    monkeypatch.setattr(bs, "MAX_CLASS_DISTANCE", 8.0)
-    row = dict(batch=16, len_max=65536, len_mean=4096, page_size=64)
-    assert bs.class_distance(row, 8, 65536, 4096, 64) == 1.0
-    assert bs.class_distance(row, 16, 65536, 4096, 16) == 2 * bs.PAGE_WEIGHT
-    lo, hi = (dict(row, gpu="g", dtype="bf16", head_dim=128, q_heads=32, kv_heads=8, q_len=1, lengths="x",
-                   block_kv=64, min_blocks_per_split=m, max_splits=8, merge="fused", split_plan="fixed", median_us=1.0,
-                   runner_up_us=None, noise_margin=0.01, n_trials=1, source="s", batch=b)
-              for b, m in ((8, 1), (32, 2)))
-    assert select([hi, lo], "uniform:16:4096").min_blocks_per_split == 1  # equal distance: smaller batch
-
-
-def test_no_row_of_the_head_configuration_falls_back_to_the_live_defaults(table_file):
-    table = bt.read_batch_table(table_file)
-    got = select(table, "skewed:16:65536:1024", head_dim=64)
-    assert (got.block_kv, got.min_blocks_per_split, got.max_splits) == live.resolve_knobs(16, 64, 8, 4, 132)
-    assert got.merge == "auto" and got.row is None
-    assert got.reason.startswith("no batch-table row for bf16 D64 Hq32/Hkv8 Sq1")
-    assert live.explain_knobs(16, 64, 8, 4, 132) in got.reason
-    assert select([], "7").reason.startswith("no batch-table row")
-
-
-def test_a_table_of_several_gpus_is_refused(table_file):
-    table = bt.read_batch_table(table_file)
-    with pytest.raises(ValueError, match="several GPUs .* read_batch_table"):
-        select(table + [dict(table[0], gpu="nvidia_h100")], "7")
-
-
 # --- the commands ------------------------------------------------------------------------------
-
-def invoke(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
 
 def test_batch_table_command(tmp_path):
     a = write_csv(tmp_path / "skewed.csv", SKEWED_RUN)
@@ -322,55 +196,6 @@ def test_batch_table_command_bad_input(tmp_path, assert_clear_error):
     assert_clear_error(invoke("batch-table", good, "--gpu", "h200", "-o", tmp_path), "-o", "is a directory")
     assert_clear_error(invoke("batch-table", good, "-o", out), "--gpu")
     assert not out.exists()
-
-
-PAGED = ["select", "--paged", "--gpu", "h200", "--q-heads", "32", "--kv-heads", "8"]
-
-
-def test_select_paged_with_the_batch_table(table_file):
-    result = invoke(*PAGED, "--lengths", "skewed:16:65536:1024", "--batch-table", table_file)
-    assert result.exit_code == 0, result.output
-    lines = result.output.splitlines()
-    assert lines[0] == "paged knobs: block_kv=64 min_blocks_per_split=4 max_splits=64 merge=fused split_plan=fixed"
-    assert lines[1].startswith("why: batch table, bf16 D128 Hq32/Hkv8 Sq1: the nearest class")
-    assert lines[2] == f"batch table: {table_file}"
-    assert "a sequence of 65536 keys (the capacity)" in lines[3]
-    got = json.loads(invoke(*PAGED, "--lengths", "uniform:16:8192", "--page-size", "16", "--kv-len", "16384",
-                            "--batch-table", table_file, "--json").output)
-    assert (got["min_blocks_per_split"], got["max_splits"], got["merge"]) == (2, 8, "fused")
-    assert got["batch_table"] == str(table_file) and "uniform:16:8192" in got["why"]
-    assert got["splits_at_capacity"] == 8
-    far = json.loads(invoke(*PAGED, "--lengths", "uniform:8:8192", "--page-size", "16", "--kv-len", "16384",
-                            "--batch-table", table_file, "--json").output)
-    assert far["merge"] == "auto" and "more than 0.5 (batch_select.MAX_CLASS_DISTANCE)" in far["why"]
-
-
-def test_select_paged_falls_back_and_keeps_its_output_without_a_table(table_file):
-    fallback = invoke(*PAGED, "--head-dim", "64", "--lengths", "uniform:16:8192", "--batch-table", table_file)
-    assert fallback.exit_code == 0, fallback.output
-    knobs = live.resolve_knobs(16, 64, 8, 4, 132)
-    assert "paged knobs: block_kv={} min_blocks_per_split={} max_splits={} merge=auto".format(*knobs) in fallback.output
-    assert "why: no batch-table row for bf16 D64" in fallback.output
-    plain = invoke(*PAGED, "--lengths", "uniform:16:8192")
-    same = invoke(*PAGED, "--batch", "16", "--kv-len", "8192")
-    assert plain.exit_code == 0 and plain.output == same.output and "merge" not in plain.output
-
-
-def test_select_paged_bad_input(table_file, assert_clear_error):
-    assert_clear_error(invoke(*PAGED, "--kv-len", "8192", "--batch-table", table_file), "--batch-table needs --lengths")
-    assert_clear_error(invoke(*PAGED[:1], *PAGED[2:], "--kv-len", "8", "--lengths", "8"), "apply to --paged")
-    assert_clear_error(invoke(*PAGED, "--lengths", "8x0"), "--lengths", "repeat count")
-    assert_clear_error(invoke(*PAGED, "--lengths", "8x4", "--batch", "3"), "--batch", "4 sequences")
-    assert_clear_error(invoke(*PAGED, "--lengths", "8x4", "--kv-len", "4"), "--kv-len", "below the longest")
-    assert_clear_error(invoke(*PAGED, "--lengths", "8", "--page-size", "48"), "--page-size")
-    assert_clear_error(invoke(*PAGED, "--lengths", "8", "--batch-table", V1_TABLE),
-                       "this is a v1 shape table")
-    assert_clear_error(invoke(*PAGED, "--gpu", "h100", "--lengths", "8", "--batch-table", table_file),
-                       "unknown GPU 'h100'")
-    rewrite(table_file, max_splits="nan")
-    assert_clear_error(invoke(*PAGED, "--lengths", "8", "--batch-table", table_file),
-                       "row 1 (line 2): max_splits is empty or NaN")
-
 
 
 # --- the JSON file -----------------------------------------------------------------------------
@@ -509,14 +334,9 @@ def test_files_written_before_the_split_plan_read_as_fixed(tmp_path):
     assert {r["split_plan"] for r in rows if r["impl"] == "ours"} == {"fixed"}
     (row,) = bt.build_batch_table(rows, "h200")
     assert row["split_plan"] == "fixed" and row["median_us"] == 93.4  # the knob-less load-aware row is no candidate
-    v3 = bt.format_batch_table([row])
-    header, *lines = v3.splitlines()
     v2_columns = [c for c in bt.BATCH_TABLE_COLUMNS if c not in bt.SPLIT_PLAN_COLUMNS]
-    v2 = tmp_path / "v2.csv"
-    with open(v2, "w", newline="") as f:
-        writer = csv.DictWriter(f, v2_columns, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerow({**{c: "" if row[c] is None else row[c] for c in v2_columns}, "schema_version": 2})
+    v2 = write_csv(tmp_path / "v2.csv", [{**{c: "" if row[c] is None else row[c] for c in v2_columns},
+                                          "schema_version": 2}], v2_columns)
     (old,) = bt.read_batch_table(v2)
     assert old == {**row, "schema_version": 2}
     doc = btj.batch_table_json([row])

@@ -218,7 +218,8 @@ def test_live_rows_record_their_knobs(calls, monkeypatch, tmp_path):
 def test_a_sweep_times_only_ours_and_the_plans(calls):
     frame = cb.run_compare_batch("uniform:3:33", peers=(), one_split=None, plans=[(1, 4, 64), (2, 4, 128)],
                                  layout_rows=False, **DIMS)
-    assert list(frame["impl"]) == ["ours", plan_points.plan_row_name(1, 4), plan_points.plan_row_name(2, 4, 128), "copy_floor"]
+    assert list(frame["impl"]) == ["ours", plan_points.plan_row_name(1, 4), plan_points.plan_row_name(2, 4, 128),
+                                   "copy_floor"]
     assert list(frame["impl"])[1:3] == ["ours_m1_s4", "ours_kv128_m2_s4"]
 
 

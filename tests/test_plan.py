@@ -237,7 +237,8 @@ def test_the_plan_chooses_the_least_estimate_of_its_knobs():
                    for _ in range(rng.randint(1, 40))]
         knob, ctas, max_splits = rng.choice([1, 2, 4, 16]), rng.randint(1, 528), rng.randint(1, tunables.MAX_SPLITS)
         choices = _rules.live_plan_choices(knob, 64)
-        estimates = [_rules.live_plan_knob_estimate(lengths, 8, ctas, 64, knob << j, max_splits) for j in range(choices)]
+        estimates = [_rules.live_plan_knob_estimate(lengths, 8, ctas, 64, knob << j, max_splits)
+                     for j in range(choices)]
         best = min(range(choices), key=lambda j: (estimates[j], j))
         want = knob << best if estimates[best] * 100 <= estimates[0] * 95 else knob
         assert _plan(lengths, knob, ctas, 8, max_splits) == want

@@ -1,0 +1,131 @@
+"""The paged knobs of a batch from a batch table (``batch_select``) on the CPU: the nearest
+class within the distance bound, its ties, the fallback to the live defaults, and
+``select --paged``."""
+import json
+from pathlib import Path
+
+import pytest
+from batch_rows import PAGED, invoke, rewrite, write_table
+
+from splitkv_tune import batch_select as bs
+from splitkv_tune import batch_table as bt
+from splitkv_tune import live
+
+V1_TABLE = Path(__file__).parent / "fixtures" / "heuristics.csv"
+
+
+@pytest.fixture
+def table_file(tmp_path):
+    return write_table(tmp_path)
+
+
+def select(table, lengths, **change):
+    args = dict(dtype="bf16", head_dim=128, q_heads=32, kv_heads=8, q_len=1, page_size=64, lengths=lengths,
+                num_sms=132)
+    return bs.select_live_knobs(table, **{**args, **change})
+
+
+def test_the_nearest_class_gives_the_knobs(table_file, monkeypatch):
+    table = bt.read_batch_table(table_file)
+    exact = select(table, "skewed:16:65536:1024")
+    assert exact.kwargs() == {"block_kv": 64, "min_blocks_per_split": 4, "max_splits": 64, "merge": "fused",
+                             "split_plan": "fixed"}
+    assert "distance 0.00" in exact.reason and "skewed:16:65536:1024" in exact.reason
+    assert exact.row is table[1]
+    # A class serves its batch and its lengths at another page size, not a neighbour.
+    assert select(table, "skewed:16:65536:1024", page_size=16).row is table[1]  # 0.5 octaves
+    far = select(table, [6000] * 12, page_size=16)
+    assert far.row is None and far.merge == "auto" and "more than 0.5" in far.reason
+    monkeypatch.setattr(bs, "MAX_CLASS_DISTANCE", 8.0)
+    # The nearest rule: a uniform batch is a class like any other, 12 x 6000 nearer 16 x 8192 than
+    # the skewed one.
+    uniform = select(table, [6000] * 12, page_size=16)
+    assert uniform.kwargs() == {"block_kv": 64, "min_blocks_per_split": 2, "max_splits": 8, "merge": "fused",
+                               "split_plan": "fixed"}
+    assert "uniform:16:8192" in uniform.reason
+    # One long sequence pulls towards the skewed class.
+    assert select(table, "skewed:32:131072:512").max_splits == 64
+
+
+def test_padded_slots_and_bad_lengths(table_file):
+    """A captured batch pads with empty sequences (length 0): they select like 1-key ones, never
+    divide by zero; no length or a negative one is a ValueError naming lengths."""
+    table = bt.read_batch_table(table_file)
+    assert select(table, [0, 0, 0, 0]).kwargs() == select(table, [1, 1, 1, 1]).kwargs()
+    assert select(table, [65536] + [0] * 15).row is not None
+    for bad in ([], [5, -1]):
+        with pytest.raises(ValueError, match="lengths"):
+            select(table, bad)
+
+
+def test_distance_and_its_ties(monkeypatch):
+    monkeypatch.setattr(bs, "MAX_CLASS_DISTANCE", 8.0)
+    row = dict(batch=16, len_max=65536, len_mean=4096, page_size=64)
+    assert bs.class_distance(row, 8, 65536, 4096, 64) == 1.0
+    assert bs.class_distance(row, 16, 65536, 4096, 16) == 2 * bs.PAGE_WEIGHT
+    lo, hi = (dict(row, gpu="g", dtype="bf16", head_dim=128, q_heads=32, kv_heads=8, q_len=1, lengths="x",
+                   block_kv=64, min_blocks_per_split=m, max_splits=8, merge="fused", split_plan="fixed", median_us=1.0,
+                   runner_up_us=None, noise_margin=0.01, n_trials=1, source="s", batch=b)
+              for b, m in ((8, 1), (32, 2)))
+    assert select([hi, lo], "uniform:16:4096").min_blocks_per_split == 1  # equal distance: smaller batch
+
+
+def test_no_row_of_the_head_configuration_falls_back_to_the_live_defaults(table_file):
+    table = bt.read_batch_table(table_file)
+    got = select(table, "skewed:16:65536:1024", head_dim=64)
+    assert (got.block_kv, got.min_blocks_per_split, got.max_splits) == live.resolve_knobs(16, 64, 8, 4, 132)
+    assert got.merge == "auto" and got.row is None
+    assert got.reason.startswith("no batch-table row for bf16 D64 Hq32/Hkv8 Sq1")
+    assert live.explain_knobs(16, 64, 8, 4, 132) in got.reason
+    assert select([], "7").reason.startswith("no batch-table row")
+
+
+def test_a_table_of_several_gpus_is_refused(table_file):
+    table = bt.read_batch_table(table_file)
+    with pytest.raises(ValueError, match="several GPUs .* read_batch_table"):
+        select(table + [dict(table[0], gpu="nvidia_h100")], "7")
+
+
+def test_select_paged_with_the_batch_table(table_file):
+    result = invoke(*PAGED, "--lengths", "skewed:16:65536:1024", "--batch-table", table_file)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "paged knobs: block_kv=64 min_blocks_per_split=4 max_splits=64 merge=fused split_plan=fixed"
+    assert lines[1].startswith("why: batch table, bf16 D128 Hq32/Hkv8 Sq1: the nearest class")
+    assert lines[2] == f"batch table: {table_file}"
+    assert "a sequence of 65536 keys (the capacity)" in lines[3]
+    got = json.loads(invoke(*PAGED, "--lengths", "uniform:16:8192", "--page-size", "16", "--kv-len", "16384",
+                            "--batch-table", table_file, "--json").output)
+    assert (got["min_blocks_per_split"], got["max_splits"], got["merge"]) == (2, 8, "fused")
+    assert got["batch_table"] == str(table_file) and "uniform:16:8192" in got["why"]
+    assert got["splits_at_capacity"] == 8
+    far = json.loads(invoke(*PAGED, "--lengths", "uniform:8:8192", "--page-size", "16", "--kv-len", "16384",
+                            "--batch-table", table_file, "--json").output)
+    assert far["merge"] == "auto" and "more than 0.5 (batch_select.MAX_CLASS_DISTANCE)" in far["why"]
+
+
+def test_select_paged_falls_back_and_keeps_its_output_without_a_table(table_file):
+    fallback = invoke(*PAGED, "--head-dim", "64", "--lengths", "uniform:16:8192", "--batch-table", table_file)
+    assert fallback.exit_code == 0, fallback.output
+    knobs = live.resolve_knobs(16, 64, 8, 4, 132)
+    assert "paged knobs: block_kv={} min_blocks_per_split={} max_splits={} merge=auto".format(*knobs) in fallback.output
+    assert "why: no batch-table row for bf16 D64" in fallback.output
+    plain = invoke(*PAGED, "--lengths", "uniform:16:8192")
+    same = invoke(*PAGED, "--batch", "16", "--kv-len", "8192")
+    assert plain.exit_code == 0 and plain.output == same.output and "merge" not in plain.output
+
+
+def test_select_paged_bad_input(table_file, assert_clear_error):
+    assert_clear_error(invoke(*PAGED, "--kv-len", "8192", "--batch-table", table_file), "--batch-table needs --lengths")
+    assert_clear_error(invoke(*PAGED[:1], *PAGED[2:], "--kv-len", "8", "--lengths", "8"), "apply to --paged")
+    assert_clear_error(invoke(*PAGED, "--lengths", "8x0"), "--lengths", "repeat count")
+    assert_clear_error(invoke(*PAGED, "--lengths", "8x4", "--batch", "3"), "--batch", "4 sequences")
+    assert_clear_error(invoke(*PAGED, "--lengths", "8x4", "--kv-len", "4"), "--kv-len", "below the longest")
+    assert_clear_error(invoke(*PAGED, "--lengths", "8", "--page-size", "48"), "--page-size")
+    assert_clear_error(invoke(*PAGED, "--lengths", "8", "--batch-table", V1_TABLE),
+                       "this is a v1 shape table")
+    assert_clear_error(invoke(*PAGED, "--gpu", "h100", "--lengths", "8", "--batch-table", table_file),
+                       "unknown GPU 'h100'")
+    rewrite(table_file, max_splits="nan")
+    assert_clear_error(invoke(*PAGED, "--lengths", "8", "--batch-table", table_file),
+                       "row 1 (line 2): max_splits is empty or NaN")
