@@ -57,6 +57,22 @@ void check_live_plan_args(const char* name, const std::vector<int>& lengths, int
   }
 }
 
+// The model's arguments (rules::live_model_args_ok): ValueError naming the function otherwise.
+void check_live_model_args(const char* name, const std::vector<int>& lengths, int64_t kv_heads, int64_t packed_rows,
+                           int64_t num_sms, int64_t ctas_per_sm) {
+  int64_t blocks = 0;
+  for (int n : lengths) {
+    if (n < 0 || n > rules::kMaxKeys) throw py::value_error(std::string(name) + ": a length outside [0, MAX_KEYS]");
+    blocks += rules::ceil_div(n, rules::kLiveDefaultBlockKV);
+  }
+  check_live_knob_args(name, int64_t(lengths.size()), kv_heads, packed_rows, num_sms);
+  if (!rules::live_model_args_ok(int64_t(lengths.size()), kv_heads, packed_rows, num_sms, ctas_per_sm, blocks)) {
+    throw py::value_error(std::string(name) + " needs ctas_per_sm in [1, " + std::to_string(rules::kMaxCtasPerSm) +
+                          "] and the batch's blocks times its tiles at most 2^40, got ctas_per_sm " +
+                          std::to_string(ctas_per_sm));
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_rules, m) {
@@ -144,6 +160,30 @@ PYBIND11_MODULE(_rules, m) {
                                        min_blocks_per_split, max_splits, choices);
   }, py::arg("lengths"), py::arg("tiles"), py::arg("ctas"), py::arg("block_kv"), py::arg("min_blocks_per_split"),
         py::arg("max_splits"), py::arg("choices"));
+  m.def("live_model_score", [](const std::vector<int>& lengths, int64_t kv_heads, int64_t packed_rows, int64_t num_sms,
+                               int64_t ctas_per_sm, int min_blocks_per_split, int max_splits) {
+    check_live_model_args("live_model_score", lengths, kv_heads, packed_rows, num_sms, ctas_per_sm);
+    if (min_blocks_per_split < 1 || max_splits < 1 || max_splits > kMaxSplits) {
+      throw py::value_error("live_model_score needs min_blocks_per_split >= 1 and max_splits in [1, " +
+                            std::to_string(kMaxSplits) + "]");
+    }
+    return rules::live_model_score(lengths.data(), int(lengths.size()), int(kv_heads), int(packed_rows),
+                                   int(num_sms), int(ctas_per_sm), min_blocks_per_split, max_splits);
+  }, py::arg("lengths"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"), py::arg("ctas_per_sm"),
+        py::arg("min_blocks_per_split"), py::arg("max_splits"));
+  m.def("live_model_knobs", [](const std::vector<int>& lengths, int64_t kv_heads, int64_t packed_rows, int64_t num_sms,
+                               int64_t ctas_per_sm) {
+    check_live_model_args("live_model_knobs", lengths, kv_heads, packed_rows, num_sms, ctas_per_sm);
+    const rules::LiveModelKnobs k = rules::live_model_knobs(lengths.data(), int(lengths.size()), int(kv_heads),
+                                                            int(packed_rows), int(num_sms), int(ctas_per_sm));
+    return py::make_tuple(k.min_blocks_per_split, k.max_splits, k.score);
+  }, py::arg("lengths"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"), py::arg("ctas_per_sm"));
+  py::dict live_model;
+  live_model["min_blocks_per_split"] = as_tuple(rules::kLiveModelMinBlocks);
+  live_model["max_splits"] = as_tuple(rules::kLiveModelMaxSplits);
+  live_model["merge_cost16"] = rules::kLiveModelMergeCost16;
+  live_model["max_ctas_per_sm"] = rules::kMaxCtasPerSm;
+  m.attr("LIVE_MODEL") = live_model;
   m.def("fused_merge_fits", &rules::fused_merge_fits, py::arg("packed_rows"), py::arg("head_dim"));
   m.def("workspace_sections", [](int num_splits, int batch, int q_heads, int q_len, int head_dim, bool live) {
     const rules::WorkspaceSections w = rules::workspace_sections(num_splits, batch, q_heads, q_len, head_dim, live);

@@ -4,7 +4,8 @@ A held-out grid (a ``sweep-batches`` grid whose batches the table was not built 
 ``configs/batches_holdout.yaml``) is timed as ``sweep-batches`` times it, every point of its
 space, with each rule's knobs added as plan rows (``with_rule_plans``):
 
-* ``selector`` - ``batch_select.select_live_knobs`` on the batch table;
+* ``selector`` - ``batch_select.select_live_knobs`` on the batch table (its model beyond the
+  table's classes when the launch's CTAs per SM are given);
 * ``auto`` - the paged call's ``"auto"`` knobs (``live.resolve_knobs``: the ``ours`` row);
 * ``fa2``, ``fa3``, ``sglang`` - the other projects' rules on the batch as our plan's knobs
   (``baselines.live_baseline_plans``).
@@ -39,16 +40,22 @@ def _merge(batch: Batch, merge: str) -> str:
     return tunables.split_merge(shape, merge)
 
 
-def rule_knobs(batch: Batch, table, num_sms: int) -> dict[str, tuple[int, int, int, str, str]]:
+def _residency(ctas_per_sm, batch: Batch) -> int | None:
+    """``ctas_per_sm`` of the selector for this batch: an int, None, or a function of the batch."""
+    return ctas_per_sm(batch) if callable(ctas_per_sm) else ctas_per_sm
+
+
+def rule_knobs(batch: Batch, table, num_sms: int, ctas_per_sm=None) -> dict[str, tuple[int, int, int, str, str]]:
     """``{rule: (block_kv, min_blocks_per_split, max_splits, merge, split_plan)}`` of every rule in
     ``RULES`` on this batch (``table``: batch-table records of one GPU; ``merge`` as the rows
     record it; every rule but the selector's table uses the fixed split plan).
     The selector and ``auto`` see the batch as the call does, empty slots included; the other
     projects' rules see its live sequences (they plan from the lengths, and an empty slot has
-    none) and merge as our call does by default."""
+    none) and merge as our call does by default. ``ctas_per_sm``: the selector's (None: no model),
+    or a function of the batch that gives it."""
     h = batch.head
     chosen = batch_select.select_live_knobs(table, **h, page_size=batch.page_size, lengths=batch.lengths,
-                                            num_sms=num_sms)
+                                            num_sms=num_sms, ctas_per_sm=_residency(ctas_per_sm, batch))
     auto = live.resolve_knobs(len(batch.lengths), h["head_dim"], h["kv_heads"],
                               batch_select.packed_rows(h["q_heads"], h["kv_heads"], h["q_len"]), num_sms)
     knobs = {"selector": (chosen.block_kv, chosen.min_blocks_per_split, chosen.max_splits,
@@ -60,7 +67,7 @@ def rule_knobs(batch: Batch, table, num_sms: int) -> dict[str, tuple[int, int, i
     return knobs
 
 
-def with_rule_plans(grid: BatchGrid, table, num_sms: int) -> BatchGrid:
+def with_rule_plans(grid: BatchGrid, table, num_sms: int, ctas_per_sm=None) -> BatchGrid:
     """The grid with each batch's rule knobs (but ``auto``, the ``ours`` row) added to its plan
     rows where the space lacks them; a rule's merge is named only where it is not the call's
     default."""
@@ -68,7 +75,7 @@ def with_rule_plans(grid: BatchGrid, table, num_sms: int) -> BatchGrid:
     for batch in grid.batches:
         plans = list(batch.plans)
         default_merge = _merge(batch, "auto")
-        for rule, (block_kv, min_blocks, max_splits, merge, split_plan) in rule_knobs(batch, table, num_sms).items():
+        for rule, (block_kv, min_blocks, max_splits, merge, split_plan) in rule_knobs(batch, table, num_sms, ctas_per_sm).items():
             point = plan_points.plan_point(min_blocks, max_splits, block_kv,
                                            "auto" if merge == default_merge else merge, split_plan)
             if rule != "auto" and point not in plans:
@@ -98,7 +105,7 @@ def _timed_knobs(rows: list[dict]) -> dict[tuple, float]:
     return times
 
 
-def regret_records(grid: BatchGrid, rows: list[dict], table, num_sms: int) -> list[dict]:
+def regret_records(grid: BatchGrid, rows: list[dict], table, num_sms: int, ctas_per_sm=None) -> list[dict]:
     """One record per batch of the grid: the oracle's time and knobs, and per rule its knobs, time
     and regret (None when the CSV has no row at those knobs, e.g. a batch not yet timed)."""
     by_batch: dict[tuple, list[dict]] = {}
@@ -114,7 +121,7 @@ def regret_records(grid: BatchGrid, rows: list[dict], table, num_sms: int) -> li
         oracle = min(times, key=times.get) if times else None
         rec["oracle_us"] = times[oracle] if oracle else None
         rec["oracle_knobs"] = "/".join(map(str, oracle)) if oracle else ""
-        for rule, knobs in rule_knobs(batch, table, num_sms).items():
+        for rule, knobs in rule_knobs(batch, table, num_sms, ctas_per_sm).items():
             t = times.get(knobs)
             rec[f"{rule}_knobs"] = "/".join(map(str, knobs))
             rec[f"{rule}_us"] = t
@@ -123,7 +130,7 @@ def regret_records(grid: BatchGrid, rows: list[dict], table, num_sms: int) -> li
     return records
 
 
-def leave_one_out_records(grid: BatchGrid, rows: list[dict], gpu: str, num_sms: int) -> list[dict]:
+def leave_one_out_records(grid: BatchGrid, rows: list[dict], gpu: str, num_sms: int, ctas_per_sm=None) -> list[dict]:
     """``regret_records`` with each batch of the grid held out in turn: the selector reads a table
     built (``batch_table.build_batch_table``) from the rows of every other batch, less those of
     the same lengths and heads at another page size (a near twin would flatter the selector),
@@ -145,7 +152,7 @@ def leave_one_out_records(grid: BatchGrid, rows: list[dict], gpu: str, num_sms: 
         except TableError:
             continue
         one = dataclasses.replace(grid, batches=(batch,))
-        records += [r for r in regret_records(one, rows, table, num_sms) if r["oracle_us"] is not None]
+        records += [r for r in regret_records(one, rows, table, num_sms, ctas_per_sm) if r["oracle_us"] is not None]
     return records
 
 

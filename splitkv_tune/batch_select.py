@@ -13,8 +13,10 @@ fixed point, so the exported C++ header (``export --batch-table``) finds the sam
 the same arithmetic. Equal distances go to the row that sorts first by (B, len_max,
 len_mean, page size). A batch of equal lengths is the class with len_max == len_mean; it needs
 no rule of its own. With no row of that head configuration, or none within
-``MAX_CLASS_DISTANCE`` octaves, the knobs are ``live``'s ``"auto"`` rules
-(``live.resolve_knobs``) and the reason says so.
+``MAX_CLASS_DISTANCE`` octaves, the knobs are the model's (rules.h ``live_model_knobs``: the
+fixed-plan point of the sweeps' space, or the ``"auto"`` knobs, whose launch a model of the
+persistent schedule finishes first on the batch's own lengths) when the launch's CTAs per SM
+are known, else ``live``'s ``"auto"`` rules (``live.resolve_knobs``); the reason says which.
 
 Why the bound: held out in turn (``splitkv-tune cross-validate-batches`` on the rows of
 ``results/nvidia_h200/batches/batches.csv`` and ``batches_dense.csv``: each of their 50 batches
@@ -23,7 +25,10 @@ class's knobs had 9.9% geometric-mean regret and the ``"auto"`` rules 6.8%; taki
 only within D octaves and ``"auto"`` beyond gave 6.8% for D below 1, 7.3% at 1, 7.5% at 1.5 and
 9.3% at 2. So a class serves its own batch, and the same lengths at
 another page size (0.5 octaves), not its neighbours: the knobs that win on one batch do not carry
-over to a batch of another size or spread.
+over to a batch of another size or spread. The model carries over better: replayed on the
+same sweeps' timed points (``tools/plan_model.py rank``), its knobs had 2.3% geometric-mean
+regret on the swept batches and 2.2% (max 6.6%) on the 12 held-out ones, where ``"auto"`` had
+10.7% and 8.5%.
 """
 from __future__ import annotations
 
@@ -102,12 +107,14 @@ def _describe(batch: int, len_max: int, len_mean: int, page_size: int) -> str:
 
 
 def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_heads: int, q_len: int,
-                      page_size: int, lengths, num_sms: int) -> LiveKnobs:
+                      page_size: int, lengths, num_sms: int, ctas_per_sm: int | None = None) -> LiveKnobs:
     """The knobs of a paged call of this batch: the nearest class's in ``table`` (records of one
-    GPU, ``batch_table.read_batch_table(path, gpu=...)``), else the ``"auto"`` rules on
-    ``num_sms`` SMs. ``lengths``: the live lengths (ints) or a ``batches`` text. ``ValueError``
-    naming the argument out of range (the ranges of ``rules.h``'s ``live_knob_args_ok``), for a
-    table of several GPUs, or for knobs the call would refuse."""
+    GPU, ``batch_table.read_batch_table(path, gpu=...)``), else the model's on ``num_sms`` SMs
+    holding ``ctas_per_sm`` CTAs of the paged kernel each (``live.launch_ctas_per_sm`` on the
+    GPU), else, without ``ctas_per_sm``, the ``"auto"`` rules. ``lengths``: the live lengths
+    (ints) or a ``batches`` text. ``ValueError`` naming the argument out of range (the ranges of
+    ``rules.h``'s ``live_knob_args_ok`` and ``live_model_args_ok``), for a table of several
+    GPUs, or for knobs the call would refuse."""
     lengths = batches.parse_lengths(lengths) if isinstance(lengths, str) else tuple(int(n) for n in lengths)
     if not lengths or min(lengths) < 0 or max(lengths) > _rules.MAX_KEYS:
         raise ValueError(f"lengths must be one or more live lengths in [0, {_rules.MAX_KEYS}] (padded slots are 0), "
@@ -117,6 +124,11 @@ def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_head
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if not isinstance(q_heads, int) or q_heads < kv_heads or q_heads % kv_heads:
         raise ValueError(f"q_heads must be a multiple of kv_heads ({kv_heads}), got {q_heads!r}")
+    max_ctas_per_sm = _rules.LIVE_MODEL["max_ctas_per_sm"]
+    if ctas_per_sm is not None and (not isinstance(ctas_per_sm, int) or isinstance(ctas_per_sm, bool)
+                                    or not 1 <= ctas_per_sm <= max_ctas_per_sm):
+        raise ValueError(f"ctas_per_sm must be None or an integer in [1, {max_ctas_per_sm}] (CTAs of the paged "
+                         f"kernel per SM), got {ctas_per_sm!r}")
     summary = batches.describe(lengths)
     # A class of empty sequences is as near as one of single keys: distances are in log2.
     batch, len_max, len_mean = summary["batch"], max(1, summary["max"]), max(1, summary["total"] // summary["batch"])
@@ -131,9 +143,12 @@ def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_head
     config = f"{dtype} D{head_dim} Hq{q_heads}/Hkv{kv_heads} Sq{q_len}"
 
     def live_defaults(why: str) -> LiveKnobs:
+        if ctas_per_sm is not None:
+            return model_knobs(lengths, kv_heads, q_rows, num_sms, ctas_per_sm, why)
         bkv, min_blocks, bound = live.resolve_knobs(batch, head_dim, kv_heads, q_rows, num_sms)
         return LiveKnobs(bkv, min_blocks, bound, "auto",
-                         f"{why}: the live defaults: {live.explain_knobs(batch, head_dim, kv_heads, q_rows, num_sms)}")
+                         f"{why}; no ctas_per_sm for the model: the live defaults: "
+                         f"{live.explain_knobs(batch, head_dim, kv_heads, q_rows, num_sms)}")
 
     if not rows:
         return live_defaults(f"no batch-table row for {config} (of its {len(table)} rows)")
@@ -160,3 +175,15 @@ def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_head
         reason += (f"; its launches choose min_blocks_per_split among {min_blocks} x 1, 2, 4, ... from the "
                    "live lengths (split_plan='load_aware')")
     return LiveKnobs(bkv, min_blocks, bound, row["merge"], reason, row, row["split_plan"])
+
+
+def model_knobs(lengths, kv_heads: int, packed_rows: int, num_sms: int, ctas_per_sm: int, why: str) -> LiveKnobs:
+    """The model's knobs (rules.h ``live_model_knobs``) for these live lengths, the reason
+    starting with ``why``: block_kv 64, the call's default merge, the fixed split plan."""
+    min_blocks, bound, score = _rules.live_model_knobs(list(lengths), kv_heads, packed_rows, num_sms, ctas_per_sm)
+    model = _rules.LIVE_MODEL
+    return LiveKnobs(_rules.LIVE_DEFAULTS["block_kv"], min_blocks, bound, "auto",
+                     f"{why}: the model's knobs (rules.h live_model_knobs on {num_sms} SMs x {ctas_per_sm} CTAs): "
+                     f"min_blocks_per_split={min_blocks} max_splits={bound}, the least estimated finish "
+                     f"({score}/16 of a block's time) among min_blocks_per_split {model['min_blocks_per_split']} x "
+                     f"max_splits {model['max_splits']} and the auto knobs")

@@ -268,9 +268,12 @@ def batch_table(csvs, gpu, output):
 @click.option("--gpu", required=True, callback=_gpu, help="The GPU that timed the rows (h200, 'NVIDIA H200', ...).")
 @click.option("--num-sms", type=click.IntRange(1, 1024), default=None,
               help="The SM count the rules plan for; default: the GPU's profile.")
+@click.option("--ctas-per-sm", type=click.IntRange(1, 32), default=None,
+              help="CTAs of the paged kernel per SM on the GPU that timed the rows (H200, bf16 D 128: 2), for the "
+                   "selector's model beyond the table's classes; without it the selector takes the auto knobs there.")
 @click.option("--out-md", type=click.Path(dir_okay=False), default=None, help="Also write the report here.")
 @exit_2_on_bad_input
-def cross_validate_batches(grid_paths, csv_paths, gpu, num_sms, out_md):
+def cross_validate_batches(grid_paths, csv_paths, gpu, num_sms, ctas_per_sm, out_md):
     """Leave-one-batch-out regret of the batch selector beside the auto knobs and the FA2, FA3 and
     SGLang rules, from swept rows alone (no GPU): each batch is held out in turn, the table built
     from the others, and every rule timed by the batch's own rows."""
@@ -296,15 +299,37 @@ def cross_validate_batches(grid_paths, csv_paths, gpu, num_sms, out_md):
         keys = {tuple(r[c] for c in batch_sweep.KEY_COLUMNS) for r in mine}
         rows = [r for r in mine if tuple(r[c] for c in batch_sweep.KEY_COLUMNS) not in later] + rows
         later |= keys
-    records = batch_evaluation.leave_one_out_records(grid, rows, resolve_gpu(gpu), num_sms)
+    records = batch_evaluation.leave_one_out_records(grid, rows, resolve_gpu(gpu), num_sms, ctas_per_sm)
     if not records:
         raise click.UsageError(f"no batch of {grid.source} has timed rows in {', '.join(csv_paths)}")
     report = batch_evaluation.markdown_report(
         records, f"Batch selector regret, each batch held out in turn: {grid.source} on {resolve_gpu(gpu)} "
-                 f"({num_sms} SMs), rows of {', '.join(csv_paths)}")
+                 f"({num_sms} SMs, {_residency_text(ctas_per_sm)}), rows of {', '.join(csv_paths)}")
     click.echo(report)
     if out_md:
         atomic_write_text(out_md, report)
+
+
+def _residency_text(ctas_per_sm) -> str:
+    if ctas_per_sm is None:
+        return "no CTAs per SM: the selector's model off"
+    if callable(ctas_per_sm):
+        return "the device's CTAs per SM for each batch"
+    return f"{ctas_per_sm} CTAs per SM"
+
+
+def _device_residency(live):
+    """The selector's ``ctas_per_sm`` for each batch on the current device, asked once per batch."""
+    known: dict[tuple, int] = {}
+
+    def of(batch):
+        h = batch.head
+        key = (*(h[c] for c in ("dtype", "head_dim", "q_heads", "kv_heads", "q_len")), len(batch.lengths))
+        if key not in known:
+            known[key] = live.launch_ctas_per_sm(h["dtype"], h["head_dim"], len(batch.lengths), h["q_heads"],
+                                                 h["kv_heads"], h["q_len"])
+        return known[key]
+    return of
 
 
 @click.command("evaluate-batches")
@@ -318,10 +343,14 @@ def cross_validate_batches(grid_paths, csv_paths, gpu, num_sms, out_md):
 @click.option("--num-sms", type=click.IntRange(1, 1024), default=None,
               help="The SM count the rules plan for; default: the GPU's profile, else the device's.")
 @click.option("--report-only", is_flag=True, help="Time nothing: the report from the rows already in --csv.")
+@click.option("--ctas-per-sm", type=click.IntRange(1, 32), default=None,
+              help="With --report-only: CTAs of the paged kernel per SM on the GPU that timed the rows (H200, bf16 "
+                   "D 128: 2), for the selector's model beyond the table's classes (without it, the auto knobs "
+                   "there). When timing, the device's for each batch.")
 @click.option("--out-md", type=click.Path(dir_okay=False), default=None, help="Also write the report here.")
 @click.option("--out-csv", type=click.Path(dir_okay=False), default=None, help="The per-batch regrets as CSV.")
 @exit_2_on_bad_input
-def evaluate_batches(grid_path, table_path, gpu, csv_path, num_sms, report_only, out_md, out_csv):
+def evaluate_batches(grid_path, table_path, gpu, csv_path, num_sms, report_only, ctas_per_sm, out_md, out_csv):
     """Regret of the batch selector, the auto knobs and the FA2, FA3 and SGLang rules on held-out
     batches, each against the batch's oracle (the fastest point of an exhaustive search)."""
     from splitkv_tune import batch_evaluation, batch_sweep
@@ -342,24 +371,30 @@ def evaluate_batches(grid_path, table_path, gpu, csv_path, num_sms, report_only,
             raise click.BadParameter(f"the device has {device_sms} SMs; the rules must plan for the SMs they run on, "
                                      f"got {num_sms}", param_hint="--num-sms")
         num_sms = device_sms
+        if ctas_per_sm is not None:
+            raise click.BadParameter("applies to --report-only: when timing, the device's is taken for each batch",
+                                     param_hint="--ctas-per-sm")
+        from splitkv_tune import live
+        ctas_per_sm = _device_residency(live)
     elif num_sms is None:
         if profile is None:
             raise click.UsageError(f"no profile for GPU {gpu!r} (configs/gpus.yaml): give --num-sms")
         num_sms = profile["sms"]
     batch_sweep.read_rows(csv_path)  # a CSV in other columns is refused before any timing
     try:
-        timed_grid = batch_evaluation.with_rule_plans(grid, table, num_sms)
+        timed_grid = batch_evaluation.with_rule_plans(grid, table, num_sms, ctas_per_sm)
     except ValueError as err:  # knobs of the table that the call refuses, a batch out of range
         raise click.UsageError(f"{table_path}: {err}") from None
     if not report_only:
         _run_batch_sweep(timed_grid, csv_path)
-    records = batch_evaluation.regret_records(grid, batch_sweep.read_rows(csv_path), table, num_sms)
+    records = batch_evaluation.regret_records(grid, batch_sweep.read_rows(csv_path), table, num_sms, ctas_per_sm)
     if all(r["oracle_us"] is None for r in records):
         raise click.UsageError(f"{csv_path} has no timed rows of any batch of {grid.source}: time them first "
                                "(without --report-only), or give the CSV that evaluate-batches wrote for this grid")
     records = [{"gpu": resolve_gpu(gpu), "num_sms": num_sms, **r} for r in records]
     report = batch_evaluation.markdown_report(
-        records, f"Batch selector regret: {grid.source} on {resolve_gpu(gpu)} ({num_sms} SMs), table {table_path}")
+        records, f"Batch selector regret: {grid.source} on {resolve_gpu(gpu)} ({num_sms} SMs, "
+                 f"{_residency_text(ctas_per_sm)}), table {table_path}")
     click.echo(report)
     if out_md:
         atomic_write_text(out_md, report)

@@ -113,18 +113,23 @@ def _paged_lengths(ctx, param, value):
 @click.option("--batch-table", type=click.Path(dir_okay=False), default=None,
               help="With --paged and --lengths: take the knobs from this batch-class table (splitkv-tune "
                    "batch-table; CSV or .json) instead of the live defaults.")
+@click.option("--ctas-per-sm", type=click.IntRange(1, 32), default=None,
+              help="With --paged and --lengths: CTAs of the paged kernel per SM on that GPU (H200, bf16 D 128: 2), "
+                   "for the selector's model of the launch, which chooses the knobs of a batch that no class of "
+                   "the batch table is near (or without --batch-table); without it, the live defaults.")
 @shape_options
 @_exit_2_on_bad_input
-def select(gpu, table, as_json, paged, lengths, page_size, batch_table, **shape_kw):
+def select(gpu, table, as_json, paged, lengths, page_size, batch_table, ctas_per_sm, **shape_kw):
     """Print the config the selector chooses for one shape, and why."""
-    if not paged and (lengths is not None or page_size is not None or batch_table is not None):
-        raise click.UsageError("--lengths, --page-size and --batch-table apply to --paged")
+    if not paged and (lengths is not None or page_size is not None or batch_table is not None
+                      or ctas_per_sm is not None):
+        raise click.UsageError("--lengths, --page-size, --batch-table and --ctas-per-sm apply to --paged")
     if lengths is not None:
         shape_kw = _with_lengths(shape_kw, lengths)
     shape = _shape_from(**shape_kw)
     gpu = _gpu_name(gpu)
     if paged:
-        return _select_paged(shape, gpu, as_json, lengths, page_size or 64, batch_table)
+        return _select_paged(shape, gpu, as_json, lengths, page_size or 64, batch_table, ctas_per_sm)
     loaded, where = _load_table(table, gpu)
     sel = select_shape(loaded, shape, gpu)
     c = sel.config
@@ -158,28 +163,29 @@ def _with_lengths(shape_kw: dict, lengths) -> dict:
     return {**shape_kw, "batch": len(lengths), "kv_len": kv_len}
 
 
-def _select_paged(shape: Shape, gpu, as_json: bool, lengths, page_size: int, batch_table) -> None:
+def _select_paged(shape: Shape, gpu, as_json: bool, lengths, page_size: int, batch_table, ctas_per_sm) -> None:
     """``select --paged``: the plan knobs for this batch on this GPU's SM count (``live``'s
-    ``"auto"`` rules, or with ``batch_table`` the nearest class's, ``batch_select``), the splits
-    a sequence filling the capacity gets, and the workspace."""
+    ``"auto"`` rules, or with ``batch_table`` or ``ctas_per_sm`` ``batch_select``'s: the nearest
+    class's, else the model's), the splits a sequence filling the capacity gets, and the workspace."""
     from splitkv_tune import _rules, live
     profile = profile_for(gpu) if gpu is not None else None
     if profile is None:
         _fail(f"--paged needs the GPU's SM count: no profile for {gpu!r} in configs/gpus.yaml")
-    if batch_table is None:
+    if batch_table is None and ctas_per_sm is None:
         bkv, min_blocks, bound = live.resolve_knobs(shape.batch, shape.head_dim, shape.kv_heads, shape.packed_rows,
                                                     profile.sms)
         why = live.explain_knobs(shape.batch, shape.head_dim, shape.kv_heads, shape.packed_rows, profile.sms)
         extra = {}
     else:
         if lengths is None:
-            _fail("--batch-table needs --lengths: the table's classes are summaries of the batch's lengths")
+            _fail("--batch-table and --ctas-per-sm need --lengths: the table's classes and the model read the "
+                  "batch's lengths")
         from splitkv_tune.batch_select import select_live_knobs
         from splitkv_tune.batch_table_json import read_batch_table_file
-        knobs = select_live_knobs(read_batch_table_file(batch_table, gpu=gpu), dtype=shape.dtype,
-                                  head_dim=shape.head_dim,
+        table = [] if batch_table is None else read_batch_table_file(batch_table, gpu=gpu)
+        knobs = select_live_knobs(table, dtype=shape.dtype, head_dim=shape.head_dim,
                                   q_heads=shape.q_heads, kv_heads=shape.kv_heads, q_len=shape.q_len,
-                                  page_size=page_size, lengths=lengths, num_sms=profile.sms)
+                                  page_size=page_size, lengths=lengths, num_sms=profile.sms, ctas_per_sm=ctas_per_sm)
         bkv, min_blocks, bound, why = knobs.block_kv, knobs.min_blocks_per_split, knobs.max_splits, knobs.reason
         extra = {"merge": knobs.merge, "split_plan": knobs.split_plan, "batch_table": batch_table}
     choice = {"block_kv": bkv, "min_blocks_per_split": min_blocks, "max_splits": bound, **extra,

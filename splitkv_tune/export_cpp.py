@@ -192,7 +192,7 @@ def render_cpp_header(tables, model: CostModel = MODEL, batch_classes=()) -> str
     live_dispatch = "\n".join(
         f"  if (gpu_{normalize_gpu_name(g)}::matches_device(device_name))\n"
         f"    return gpu_{normalize_gpu_name(g)}::select_live_knobs(dtype, head_dim, q_heads, kv_heads, q_len, "
-        "page_size, lengths, batch, out, num_sms);" for g in gpus)
+        "page_size, lengths, batch, out, num_sms, ctas_per_sm);" for g in gpus)
     runs = sorted({_safe(r) for t in tables for r in t.run_ids})
     head = _fill(_template("banner"), {"VERSION": _safe(__version__), "GPUS": ", ".join(gpus),
                                        "SCHEMA": str(SCHEMA_VERSION), "RUNS": " ".join(runs),

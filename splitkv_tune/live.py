@@ -164,6 +164,24 @@ def launch_grid(q: torch.Tensor, kv_heads: int, block_kv: int, min_blocks_per_sp
                                   _rules.live_plan_choices(min_blocks_per_split, block_kv))
 
 
+def launch_ctas_per_sm(dtype: str, head_dim: int, batch: int, q_heads: int, kv_heads: int, q_len: int,
+                       device: int | None = None) -> int:
+    """CTAs of the fixed-plan paged kernel at the default block_kv that one SM of ``device`` (the
+    current CUDA device by default) holds for a batch of this size and heads (its shared memory
+    grows with the batch): the ``ctas_per_sm`` of ``batch_select.select_live_knobs``. Needs the
+    extension and the GPU."""
+    from splitkv_tune.ops import _device_info, _extension
+
+    if dtype not in tunables.DTYPES:
+        raise ValueError(f"dtype must be one of {tunables.DTYPES}, got {dtype!r}")
+    index = torch.cuda.current_device() if device is None else device
+    code = _rules.DTYPE_CODES[dtype]
+    # A capacity beyond any grid, so that the grid is the GPU's residency.
+    grid = _extension().live_grid(index, code, head_dim, batch, 1, q_len * (q_heads // kv_heads),
+                                  _rules.LIVE_DEFAULTS["block_kv"], _rules.MAX_LIVE_CTAS, 1)
+    return grid // _device_info(index)[1]
+
+
 @torch.compiler.assume_constant_result
 def _launch_knobs(device_index: int, dtype: str, batch: int, head_dim: int, kv_heads: int, q_len: int, group: int,
                   capacity: int, block_kv, min_blocks_per_split, max_splits, split_plan: str, uniform: bool,

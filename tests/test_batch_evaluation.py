@@ -14,7 +14,7 @@ import yaml
 from click.testing import CliRunner
 
 from splitkv_tune import baselines, batch_evaluation as be, batch_select as bs, batch_sweep as bsw, batch_table as bt
-from splitkv_tune import batches, compare_batch as cb, live, plan, plan_points
+from splitkv_tune import _rules, batches, compare_batch as cb, live, plan, plan_points
 from splitkv_tune.cli import main
 from splitkv_tune.tunables import Shape
 
@@ -281,3 +281,29 @@ def test_each_batch_held_out_reads_the_table_of_the_others(tmp_path, nearest_rul
     result = CliRunner().invoke(main, ["cross-validate-batches", "--grid", str(tmp_path / "grid.yaml"),
                                        "--csv", str(tmp_path / "none.csv"), "--gpu", "h200"])
     assert result.exit_code == 2 and "no batch of" in result.output
+
+
+def test_beyond_the_classes_the_selector_is_the_model_given_ctas_per_sm(tmp_path):
+    grid = bsw.parse_batch_grid(copy.deepcopy(GRID))
+    batch = grid.batches[0]
+    knobs = be.rule_knobs(batch, [], SMS, 2)
+    want = _rules.live_model_knobs(list(batch.lengths), 8, 4, SMS, 2)[:2]
+    assert knobs["selector"] == (64, *want, "fused", "fixed") != knobs["auto"]
+    assert be.rule_knobs(batch, [], SMS, lambda b: 2) == knobs  # or a function of the batch
+    assert (want[0], want[1], 64) in be.with_rule_plans(grid, [], SMS, 2).batches[0].plans
+    # The reports say which CTAs per SM the selector had.
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(GRID))
+    rows = [row for b in grid.batches for row in rows_for(b, {be.rule_knobs(b, [], SMS, 2)["selector"]: 50.0,
+                                                               be.rule_knobs(b, [], SMS)["auto"]: 60.0})]
+    (tmp_path / "rows.csv").write_text(bsw._csv_text(rows))
+    table_path = bt.write_batch_table(tmp_path / "table.csv", TABLE)
+    common = ["--grid", str(tmp_path / "grid.yaml"), "--csv", str(tmp_path / "rows.csv"), "--gpu", "h200"]
+    for argv, title in ((["evaluate-batches", "--batch-table", str(table_path), "--report-only"], "2 CTAs per SM"),
+                        (["cross-validate-batches"], "2 CTAs per SM")):
+        result = CliRunner().invoke(main, [*argv, *common, "--ctas-per-sm", "2"])
+        assert result.exit_code == 0 and title in result.output, result.output
+        result = CliRunner().invoke(main, [*argv, *common])
+        assert result.exit_code == 0 and "the selector's model off" in result.output, result.output
+    evaluated = CliRunner().invoke(main, ["evaluate-batches", "--batch-table", str(table_path), *common,
+                                          "--ctas-per-sm", "2", "--report-only"])
+    assert "| selector | 0.0% | 0.0% | 2 |" in evaluated.output and "| auto | 20.0% | 20.0% | 2 |" in evaluated.output

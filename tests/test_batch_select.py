@@ -1,15 +1,15 @@
 """The paged knobs of a batch from a batch table (``batch_select``) on the CPU: the nearest
-class within the distance bound, its ties, the fallback to the live defaults, and
-``select --paged``."""
+class within the distance bound, its ties, the model beyond it, the fallback to the live
+defaults, and ``select --paged``."""
 import json
 from pathlib import Path
 
 import pytest
 from batch_rows import PAGED, invoke, rewrite, write_table
 
+from splitkv_tune import _rules, batches, live
 from splitkv_tune import batch_select as bs
 from splitkv_tune import batch_table as bt
-from splitkv_tune import live
 
 V1_TABLE = Path(__file__).parent / "fixtures" / "heuristics.csv"
 
@@ -116,7 +116,10 @@ def test_select_paged_falls_back_and_keeps_its_output_without_a_table(table_file
 
 
 def test_select_paged_bad_input(table_file, assert_clear_error):
-    assert_clear_error(invoke(*PAGED, "--kv-len", "8192", "--batch-table", table_file), "--batch-table needs --lengths")
+    assert_clear_error(invoke(*PAGED, "--kv-len", "8192", "--batch-table", table_file), "--batch-table and --ctas-per-sm need --lengths")
+    assert_clear_error(invoke(*PAGED, "--kv-len", "8192", "--ctas-per-sm", "2"), "need --lengths")
+    assert_clear_error(invoke(*PAGED, "--lengths", "8", "--ctas-per-sm", "0"), "--ctas-per-sm")
+    assert_clear_error(invoke(*PAGED[:1], *PAGED[2:], "--kv-len", "8", "--ctas-per-sm", "2"), "apply to --paged")
     assert_clear_error(invoke(*PAGED[:1], *PAGED[2:], "--kv-len", "8", "--lengths", "8"), "apply to --paged")
     assert_clear_error(invoke(*PAGED, "--lengths", "8x0"), "--lengths", "repeat count")
     assert_clear_error(invoke(*PAGED, "--lengths", "8x4", "--batch", "3"), "--batch", "4 sequences")
@@ -129,3 +132,68 @@ def test_select_paged_bad_input(table_file, assert_clear_error):
     rewrite(table_file, max_splits="nan")
     assert_clear_error(invoke(*PAGED, "--lengths", "8", "--batch-table", table_file),
                        "row 1 (line 2): max_splits is empty or NaN")
+
+
+def _model_choice(lengths, kv_heads, packed_rows, sms, ctas_per_sm):
+    """The least (score, max_splits, min_blocks_per_split) over the model's candidates, scored one
+    by one: what live_model_knobs must find."""
+    model = _rules.LIVE_MODEL
+    auto = live.resolve_knobs(len(lengths), 128, kv_heads, packed_rows, sms)[1:]
+    points = {auto, *((m, s) for m in model["min_blocks_per_split"] for s in model["max_splits"])}
+    scored = [(_rules.live_model_score(lengths, kv_heads, packed_rows, sms, ctas_per_sm, m, s), s, m)
+              for m, s in points]
+    score, bound, min_blocks = min(scored)
+    return min_blocks, bound, score
+
+
+@pytest.mark.parametrize("text", ["skewed:16:65536:1024", "uniform:64:2048", "geometric:8:262144:2048",
+                                  "lognormal:32:4096:1.0", "4096", [0] * 8, [65536, 0, 0, 7], "skewed:256:131072:512"])
+@pytest.mark.parametrize("kv_heads,ctas_per_sm", [(8, 2), (1, 2), (1, 1), (8, 3)])
+def test_the_model_takes_the_least_score_of_its_candidates(text, kv_heads, ctas_per_sm):
+    lengths = text if isinstance(text, list) else list(batches.parse_lengths(text))
+    rows = 32 // kv_heads
+    assert _rules.live_model_knobs(lengths, kv_heads, rows, 132, ctas_per_sm) == \
+        _model_choice(lengths, kv_heads, rows, 132, ctas_per_sm)
+
+
+def test_the_model_scores_the_launch_it_describes():
+    """The score is the load-aware plan's estimate on the candidate's own grid, per CTA, plus the
+    merge cost per split of the most-split sequence."""
+    lengths = [65536] + [1024] * 15
+    for min_blocks, bound in ((1, 8), (4, 64), (16, 32)):
+        capacity = len(lengths) * 8 * bound
+        ctas = min(capacity, 132 * 2)
+        most = max(_rules.live_splits(n, 64, min_blocks, bound) for n in lengths)
+        want = (_rules.live_plan_knob_estimate(lengths, 8, ctas, 64, min_blocks, bound) // ctas
+                + _rules.LIVE_MODEL["merge_cost16"] * most)
+        assert _rules.live_model_score(lengths, 8, 4, 132, 2, min_blocks, bound) == want
+    # One sequence of 4096 keys over 8 KV heads: a grid of fewer CTAs than the GPU holds.
+    assert _rules.live_model_score([4096], 8, 4, 132, 2, 1, 8) == \
+        _rules.live_plan_knob_estimate([4096], 8, 64, 64, 1, 8) // 64 + 8
+
+
+def test_beyond_the_classes_the_model_chooses_given_ctas_per_sm(table_file):
+    table = bt.read_batch_table(table_file)
+    far = select(table, [6000] * 12, page_size=16, ctas_per_sm=2)
+    want = _rules.live_model_knobs([6000] * 12, 8, 4, 132, 2)[:2]
+    assert (far.block_kv, far.min_blocks_per_split, far.max_splits) == (64, *want)
+    assert far.row is None and far.merge == "auto" and far.split_plan == "fixed"
+    assert "more than 0.5" in far.reason and "the model's knobs (rules.h live_model_knobs on 132 SMs x 2 CTAs)" \
+        in far.reason
+    # A near class still wins, and no table at all is the model's too.
+    assert select(table, "skewed:16:65536:1024", ctas_per_sm=2).row is table[1]
+    none = select([], [6000] * 12, ctas_per_sm=2)
+    assert none.kwargs() == far.kwargs() and none.reason.startswith("no batch-table row")
+    for bad in (0, 33, True, 2.0, "2"):
+        with pytest.raises(ValueError, match="ctas_per_sm must be None or an integer in \\[1, 32\\]"):
+            select(table, [6000] * 12, ctas_per_sm=bad)
+
+
+def test_select_paged_with_ctas_per_sm(table_file):
+    got = json.loads(invoke(*PAGED, "--lengths", "uniform:8:8192", "--page-size", "16", "--kv-len", "16384",
+                            "--batch-table", table_file, "--ctas-per-sm", "2", "--json").output)
+    assert (got["min_blocks_per_split"], got["max_splits"]) == _rules.live_model_knobs([8192] * 8, 8, 4, 132, 2)[:2]
+    assert "the model's knobs" in got["why"] and got["merge"] == "auto"
+    alone = json.loads(invoke(*PAGED, "--lengths", "uniform:8:8192", "--page-size", "16", "--kv-len", "16384",
+                              "--ctas-per-sm", "2", "--json").output)
+    assert alone["why"].startswith("no batch-table row") and alone["max_splits"] == got["max_splits"]

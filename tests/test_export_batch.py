@@ -1,8 +1,8 @@
 """The exported C++ header carries the batch classes: g++ compiles a driver against a header of
 two GPUs, one with a batch table and one without, and for thousands of random batches its
 ``select_live_knobs_for_device`` gives the knobs of Python's ``batch_select.select_live_knobs``
-(the nearest class, or the "auto" rules on the GPU's SM count), and the split counts of
-``plan.live_splits`` at those knobs."""
+(the nearest class, else the model's knobs for a given CTAs per SM, else the "auto" rules on
+the GPU's SM count), and the split counts of ``plan.live_splits`` at those knobs."""
 from __future__ import annotations
 
 import random
@@ -26,8 +26,8 @@ HEADS = [("bf16", 128, 32, 8, 1), ("bf16", 128, 8, 1, 1), ("fp16", 64, 32, 32, 4
 SMS = {"nvidia_h200": 132, "nvidia_a100": 108}
 LAUNCH_CTAS = 264  # the grid a load-aware class's launch is taken to have
 
-# Reads "gpu dtype head_dim q_heads kv_heads q_len page_size batch len..." per line; prints the
-# knobs, the class index and each sequence's split count, or "false".
+# Reads "gpu ctas_per_sm dtype head_dim q_heads kv_heads q_len page_size batch len..." per line
+# (ctas_per_sm 0: none); prints the knobs, the class index and each sequence's split count, or "false".
 DRIVER = r"""
 #include <iostream>
 #include <string>
@@ -36,13 +36,13 @@ DRIVER = r"""
 
 int main() {
   std::string gpu;
-  int dtype, head_dim, q_heads, kv_heads, q_len, page_size, batch;
-  while (std::cin >> gpu >> dtype >> head_dim >> q_heads >> kv_heads >> q_len >> page_size >> batch) {
+  int ctas_per_sm, dtype, head_dim, q_heads, kv_heads, q_len, page_size, batch;
+  while (std::cin >> gpu >> ctas_per_sm >> dtype >> head_dim >> q_heads >> kv_heads >> q_len >> page_size >> batch) {
     std::vector<std::int64_t> lengths(batch);
     for (auto& n : lengths) std::cin >> n;
     splitkv_tune::LiveKnobs k{};
     if (!splitkv_tune::select_live_knobs_for_device(gpu.c_str(), 0, dtype, head_dim, q_heads, kv_heads, q_len,
-                                                    page_size, lengths.data(), batch, &k)) {
+                                                    page_size, lengths.data(), batch, &k, ctas_per_sm)) {
       std::cout << "false\n";
       continue;
     }
@@ -111,9 +111,9 @@ def _tie_cases():
     """Queries midway between the pairs of ``_classes``, on the H200."""
     for head in HEADS[:2]:
         for text in TIE_LENGTHS:
-            yield "NVIDIA H200", head, 32, list(batches.parse_lengths(text))
+            yield "NVIDIA H200", 0, head, 32, list(batches.parse_lengths(text))
         for low, high, n in TIE_BATCHES:
-            yield "NVIDIA H200", head, 128, [n] * int((low * high) ** 0.5)
+            yield "NVIDIA H200", 0, head, 128, [n] * int((low * high) ** 0.5)
 
 
 def _random_batches(n: int, seed: int = 7):
@@ -124,15 +124,16 @@ def _random_batches(n: int, seed: int = 7):
         batch = rng.choice([1, 2, 3, 5, 8, 16, 31, 64, 200])
         lengths = [rng.choice([0, 1, 63, 64, 1000, rng.randrange(1, 9000), rng.randrange(1, 300_000)])
                    for _ in range(batch)]
-        yield gpu, head, rng.choice(plan.PAGE_SIZES), lengths
+        yield gpu, rng.choice([0, 0, 1, 2, 3]), head, rng.choice(plan.PAGE_SIZES), lengths
 
 
-def _python(table, gpu, head, page_size, lengths) -> str:
+def _python(table, gpu, ctas_per_sm, head, page_size, lengths) -> str:
     dtype, head_dim, q_heads, kv_heads, q_len = head
     name = "nvidia_h200" if "H200" in gpu else "nvidia_a100"
     rows = [r for r in table if r["gpu"] == name]
     k = batch_select.select_live_knobs(rows, dtype=dtype, head_dim=head_dim, q_heads=q_heads, kv_heads=kv_heads,
-                                       q_len=q_len, page_size=page_size, lengths=lengths, num_sms=SMS[name])
+                                       q_len=q_len, page_size=page_size, lengths=lengths, num_sms=SMS[name],
+                                       ctas_per_sm=ctas_per_sm or None)
     index = -1 if k.row is None else sorted(rows, key=batch_select.class_order).index(k.row)
     min_blocks = k.min_blocks_per_split
     if k.split_plan == "load_aware" and lengths:
@@ -144,10 +145,16 @@ def _python(table, gpu, head, page_size, lengths) -> str:
                               *splits]))
 
 
+def _driver_input(cases) -> str:
+    codes = tunables.dtype_codes()
+    return "".join(f"{gpu.replace(' ', '_')} {ctas_per_sm} {codes[h[0]]} {' '.join(map(str, h[1:]))} {page} "
+                   f"{len(lengths)} {' '.join(map(str, lengths))}\n" for gpu, ctas_per_sm, h, page, lengths in cases)
+
+
 def _ties(table, cases) -> int:
     """How many cases have two or more nearest classes."""
     ties = 0
-    for gpu, (dtype, head_dim, q_heads, kv_heads, q_len), page, lengths in cases:
+    for gpu, _, (dtype, head_dim, q_heads, kv_heads, q_len), page, lengths in cases:
         rows = [r for r in table if (r["dtype"], r["head_dim"], r["q_heads"], r["kv_heads"], r["q_len"])
                 == (dtype, head_dim, q_heads, kv_heads, q_len)]
         if "H200" not in gpu or not rows or not lengths:
@@ -183,33 +190,39 @@ def test_exported_header_selects_the_batch_knobs_python_does(tmp_path, monkeypat
                     f"-DLAUNCH_CTAS={LAUNCH_CTAS}", str(tmp_path / "driver.cpp"), "-o", str(exe)], check=True,
                    capture_output=True)
     cases = list(_random_batches(3000)) + list(_tie_cases())
-    codes = tunables.dtype_codes()
-    text = "".join(f"{gpu.replace(' ', '_')} {codes[h[0]]} {' '.join(map(str, h[1:]))} {page} {len(lengths)} "
-                   f"{' '.join(map(str, lengths))}\n" for gpu, h, page, lengths in cases)
+    text = _driver_input(cases)
     got = subprocess.run([str(exe)], input=text, capture_output=True, text=True, check=True).stdout.splitlines()
     want = [_python(table, *case) for case in cases]
     mismatches = [(c, g, w) for c, g, w in zip(cases, got, want) if g != w]
     assert len(got) == len(cases) and not mismatches, mismatches[:3]
     chosen = {int(line.split()[5]) for line in want}
+    # The model's knobs: every batch far from the classes, given the CTAs per SM.
+    model = [line for case, line in zip(cases, want) if case[1] and int(line.split()[5]) < 0]
+    assert len(model) > 100 and len({tuple(line.split()[1:3]) for line in model}) > 5, "the model chose little"
+
     plans = [line.split()[4] for line in want if int(line.split()[5]) >= 0]
     assert -1 in chosen and len(chosen) > (20 if max_distance else 3), "the batches reach few classes"
     if max_distance:
         assert set(plans) == set(plan.SPLIT_PLANS), "the batches reach classes of one split plan only"
         assert _ties(table, cases) >= len(list(_tie_cases())), "the tie cases do not meet equal distances"
-    # Bad arguments are refused, and an unknown device is no match.
     # Bad arguments (head dim, heads, a negative length, batch * kv_heads over the grid's limit,
-    # packed rows over kMaxKeys) are refused as Python refuses them, and an unknown device is no match.
-    bad = [("NVIDIA H200", ("bf16", 100, 32, 8, 1), 64, [5]), ("NVIDIA H200", ("bf16", 128, 32, 6, 1), 64, [5]),
-           ("NVIDIA H200", ("bf16", 128, 32, 8, 1), 64, [5, -1]), ("NVIDIA H200", ("bf16", 128, 8, 8, 1), 64, [5] * 8192),
-           ("NVIDIA H200", ("bf16", 128, 2**16, 1, 2**15), 64, [5]), ("NVIDIA B200", ("bf16", 128, 32, 8, 1), 64, [5])]
-    text = "".join(f"{gpu.replace(' ', '_')} {codes[h[0]]} {' '.join(map(str, h[1:]))} {page} {len(lengths)} "
-                   f"{' '.join(map(str, lengths))}\n" for gpu, h, page, lengths in bad)
-    out = subprocess.run([str(exe)], input=text, capture_output=True, text=True, check=True).stdout.split()
+    # packed rows over kMaxKeys, CTAs per SM out of range, a batch too large for the model's
+    # arithmetic) are refused as Python refuses them, and an unknown device is no match.
+    far = ("NVIDIA H200", 2, ("bf16", 128, 8, 8, 2**16), 64, [2**31 - 256] * 16)
+    bad = [("NVIDIA H200", 0, ("bf16", 100, 32, 8, 1), 64, [5]), ("NVIDIA H200", 0, ("bf16", 128, 32, 6, 1), 64, [5]),
+           ("NVIDIA H200", 0, ("bf16", 128, 32, 8, 1), 64, [5, -1]),
+           ("NVIDIA H200", 0, ("bf16", 128, 8, 8, 1), 64, [5] * 8192),
+           ("NVIDIA H200", 0, ("bf16", 128, 2**16, 1, 2**15), 64, [5]),
+           ("NVIDIA H200", 33, ("bf16", 128, 32, 8, 1), 64, [5]), far,
+           ("NVIDIA B200", 0, ("bf16", 128, 32, 8, 1), 64, [5])]
+    out = subprocess.run([str(exe)], input=_driver_input(bad), capture_output=True, text=True,
+                         check=True).stdout.split()
     assert out == ["false"] * len(bad)
-    for gpu, head, page, lengths in bad[:-1]:
-        if head[1] in tunables.HEAD_DIMS:
+    for case in bad[:-1]:
+        if case[2][1] in tunables.HEAD_DIMS:
             with pytest.raises(ValueError):
-                _python(table, gpu, head, page, lengths)
+                _python(table, *case)
+    assert _python(table, *far[:1], 0, *far[2:]).split()[5] == "-1"  # without the model, the auto knobs
 
 
 def test_a_batch_table_of_a_gpu_without_a_heuristics_table_is_refused():

@@ -132,24 +132,25 @@ def check(paths, ctas: int, sms: int) -> None:
           f"({len(r)} batches)")
 
 
-def rank(paths, ctas: int) -> pd.DataFrame:
-    """One row per batch: the model's pick, its time, the auto row's and the best row's, regrets."""
+def rank(paths, ctas_per_sm: int, sms: int) -> pd.DataFrame:
+    """One row per batch: the model's knobs (rules.h ``live_model_knobs``), their timed row, the
+    auto row's and the best row's times, regrets (NaN where the model's knobs were not timed)."""
     d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
     d = d[(d["status"] == "ok") & d["impl"].str.startswith("ours")]  # the best row: any knobs, any plan
+    if "split_plan" not in d:
+        d = d.assign(split_plan="fixed")
     rows = []
     for (label, q_heads, kv_heads, q_len, page), g in d.groupby(["label", "q_heads", "kv_heads", "q_len",
                                                                  "page_size"]):
         lengths = list(parse_lengths(label))
-        tiles = int(kv_heads) * _rules.num_m_blocks(int(q_len) * int(q_heads // kv_heads))
-        fixed = g[(g["block_kv"] == BLOCK_KV) & (g["impl"] != "ours")
-                  & (g["split_plan"].isna() | (g["split_plan"] == "fixed") if "split_plan" in g else True)]
-        points = {(int(r.min_blocks_per_split), int(r.max_splits)): r.median_us for r in fixed.itertuples()}
-        pick = min(points, key=lambda p: (_rules.live_plan_knob_estimate(lengths, tiles, ctas, BLOCK_KV, *p),
-                                          p[1], p[0]))
-        best = g["median_us"].min()
+        packed_rows = int(q_len) * int(q_heads // kv_heads)
+        min_blocks, max_splits, _ = _rules.live_model_knobs(lengths, int(kv_heads), packed_rows, sms, ctas_per_sm)
+        fixed = g[(g["block_kv"] == BLOCK_KV) & (g["split_plan"].isna() | (g["split_plan"] == "fixed"))
+                  & (g["min_blocks_per_split"] == min_blocks) & (g["max_splits"] == max_splits)]
         auto = g.loc[g["impl"] == "ours", "median_us"]
-        rows.append({"batch": label, "kv_heads": kv_heads, "page": page, "pick": f"m{pick[0]} s{pick[1]}",
-                     "pick_us": points[pick], "auto_us": auto.iloc[0] if len(auto) else np.nan, "best_us": best})
+        rows.append({"batch": label, "kv_heads": kv_heads, "page": page, "pick": f"m{min_blocks} s{max_splits}",
+                     "pick_us": fixed["median_us"].min() if len(fixed) else np.nan,
+                     "auto_us": auto.iloc[0] if len(auto) else np.nan, "best_us": g["median_us"].min()})
     r = pd.DataFrame(rows)
     for col in ("pick", "auto"):
         r[f"{col}_regret"] = r[f"{col}_us"] / r["best_us"] - 1
@@ -162,13 +163,15 @@ def main() -> None:
     parser.add_argument("csv", nargs="+")
     parser.add_argument("--ctas", type=int, default=264, help="the launch's CTAs (H200: 132 SMs x 2)")
     parser.add_argument("--sms", type=int, default=132)
+    parser.add_argument("--ctas-per-sm", type=int, default=2,
+                        help="rank: the paged kernel's CTAs per SM (H200, bf16 D 128 block_kv 64: 2)")
     args = parser.parse_args()
     if args.what == "fit":
         fit(args.csv, args.ctas)
     elif args.what == "check":
         check(args.csv, args.ctas, args.sms)
     else:
-        r = rank(args.csv, args.ctas)
+        r = rank(args.csv, args.ctas_per_sm, args.sms)
         print(r.round(3).to_string(index=False))
         for col in ("pick", "auto"):
             regret = r[f"{col}_regret"].dropna()

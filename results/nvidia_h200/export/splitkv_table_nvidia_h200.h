@@ -371,14 +371,16 @@ SPLITKV_HOST_DEVICE constexpr int live_plan_pick(const int64_t* estimates, int n
 // live_plan_estimate of the knobs (block_kv, min_blocks, max_splits) for a batch of `batch` live
 // lengths, serially (their tally, then the estimate): what each CTA of a load-aware launch
 // computes per choice (tile_scheduler.h), for the host.
-SPLITKV_HOST_DEVICE constexpr int64_t live_plan_knob_estimate(const int* lengths, int batch, int64_t tiles,
+template <class Length>
+SPLITKV_HOST_DEVICE constexpr int64_t live_plan_knob_estimate(const Length* lengths, int batch, int64_t tiles,
                                                               int64_t ctas, int block_kv, int min_blocks,
                                                               int max_splits) {
   int64_t blocks = 0;
   LivePlanTally t{};
   for (int b = 0; b < batch; ++b) {
-    blocks += ceil_div(lengths[b], block_kv);
-    const LivePlanShare s = live_plan_share(lengths[b], block_kv, min_blocks, max_splits);
+    const int len = int(lengths[b]);
+    blocks += ceil_div(len, block_kv);
+    const LivePlanShare s = live_plan_share(len, block_kv, min_blocks, max_splits);
     t.splits[s.size_class] += s.splits;
     t.max_blocks[s.size_class] =
         t.max_blocks[s.size_class] > s.blocks_per_split ? t.max_blocks[s.size_class] : s.blocks_per_split;
@@ -427,6 +429,80 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_work_capacity(int batch, int kv_heads
 SPLITKV_HOST_DEVICE constexpr int64_t live_grid(int64_t capacity_items, int num_sms, int ctas_per_sm) {
   const int64_t resident = int64_t(num_sms) * (ctas_per_sm < 1 ? 1 : ctas_per_sm);
   return capacity_items < resident ? capacity_items : resident;
+}
+
+// The selector's knobs for a batch that its table has no class near (batch_select.py, the
+// exported header): the fixed-plan point that a model of the launch finishes first, for the
+// host, not the kernel. Candidates: block_kv kLiveDefaultBlockKV, min_blocks_per_split in
+// kLiveModelMinBlocks x max_splits in kLiveModelMaxSplits (the batch sweeps' space), and the
+// "auto" knobs. A candidate's score, in 1/16 of a block's streaming time: the load-aware plan's
+// estimate on the candidate's own grid (live_grid of its capacity on num_sms x ctas_per_sm
+// CTAs), per CTA, plus kLiveModelMergeCost16 per split of the batch's most-split sequence (the
+// merge that ends its tile reads every split; the plan's estimate leaves it out, as the plan's
+// choices share one bound). The least score wins; equal scores go to fewer max_splits, then
+// fewer min_blocks_per_split. Why a model rather than "auto": replayed on the H200 batch sweeps'
+// timed points (tools/plan_model.py rank), its choice had 2.3% geometric-mean regret on the 64
+// swept batches that fitted the merge cost and 2.2% (max 6.6%) on the 12 held-out batches,
+// where "auto" had 9.6% and 8.5% (docs/PERFORMANCE.md).
+inline constexpr int kLiveModelMinBlocks[] = {1, 2, 4, 8, 16};
+inline constexpr int kLiveModelMaxSplits[] = {8, 16, 32, 64};
+inline constexpr int kLiveModelMergeCost16 = 1;
+inline constexpr int kMaxCtasPerSm = 32;
+
+struct LiveModelKnobs {
+  int min_blocks_per_split, max_splits;
+  int64_t score;
+};
+
+// Whether the model takes a batch: live_knob_args_ok's counts, ctas_per_sm in [1, kMaxCtasPerSm]
+// and the batch's blocks of kLiveDefaultBlockKV keys times its tiles within kLiveModelMaxWork,
+// where every estimate fits in int64 (a batch far beyond any GPU's memory fails only this).
+inline constexpr int64_t kLiveModelMaxWork = int64_t(1) << 40;
+SPLITKV_HOST_DEVICE constexpr bool live_model_args_ok(int64_t batch, int64_t kv_heads, int64_t packed_rows,
+                                                      int64_t num_sms, int64_t ctas_per_sm, int64_t total_blocks) {
+  return live_knob_args_ok(batch, kv_heads, packed_rows, num_sms) && ctas_per_sm >= 1 &&
+         ctas_per_sm <= kMaxCtasPerSm && total_blocks >= 0 &&
+         total_blocks <= kLiveModelMaxWork / (kv_heads * num_m_blocks(int(packed_rows)));
+}
+
+// The score of one candidate (above), for arguments that live_model_args_ok takes and
+// min_blocks, max_splits >= 1.
+template <class Length>
+SPLITKV_HOST_DEVICE constexpr int64_t live_model_score(const Length* lengths, int batch, int kv_heads,
+                                                       int packed_rows, int num_sms, int ctas_per_sm,
+                                                       int min_blocks, int max_splits) {
+  const int block_kv = kLiveDefaultBlockKV;
+  const int64_t tiles = int64_t(kv_heads) * num_m_blocks(packed_rows);
+  const int64_t ctas = live_grid(live_work_capacity(batch, kv_heads, packed_rows, max_splits), num_sms, ctas_per_sm);
+  int most_splits = 1;
+  for (int b = 0; b < batch; ++b) {
+    const int splits = live_splits(int(lengths[b]), block_kv, min_blocks, max_splits);
+    most_splits = most_splits > splits ? most_splits : splits;
+  }
+  return live_plan_knob_estimate(lengths, batch, tiles, ctas, block_kv, min_blocks, max_splits) / ctas +
+         int64_t(kLiveModelMergeCost16) * most_splits;
+}
+
+// The least-score candidate (above), with its score.
+template <class Length>
+SPLITKV_HOST_DEVICE constexpr LiveModelKnobs live_model_knobs(const Length* lengths, int batch, int kv_heads,
+                                                              int packed_rows, int num_sms, int ctas_per_sm) {
+  const int auto_min_blocks = live_min_keys_per_split(batch, kv_heads, packed_rows, num_sms) / kLiveDefaultBlockKV;
+  LiveModelKnobs best{auto_min_blocks > 1 ? auto_min_blocks : 1,
+                      live_max_splits(batch, kv_heads, packed_rows, num_sms), 0};
+  best.score = live_model_score(lengths, batch, kv_heads, packed_rows, num_sms, ctas_per_sm,
+                                best.min_blocks_per_split, best.max_splits);
+  for (int max_splits : kLiveModelMaxSplits) {
+    for (int min_blocks : kLiveModelMinBlocks) {
+      const int64_t score =
+          live_model_score(lengths, batch, kv_heads, packed_rows, num_sms, ctas_per_sm, min_blocks, max_splits);
+      const bool better = score != best.score ? score < best.score
+                          : max_splits != best.max_splits ? max_splits < best.max_splits
+                                                          : min_blocks < best.min_blocks_per_split;
+      if (better) best = LiveModelKnobs{min_blocks, max_splits, score};
+    }
+  }
+  return best;
 }
 
 // Lanes that fold one row of the partials together (merge_state.h; the combine kernel and the
@@ -829,8 +905,11 @@ namespace gpu_nvidia_h200 {
 // equal distances to the class first by (B, len_max, len_mean, page): kBatchClasses is in that
 // order within a head configuration, so the first nearest class wins. A batch of equal lengths
 // is the class with len_max == len_mean. With no class of its head configuration, or none within
-// d <= 131072 (batch_select.MAX_CLASS_DISTANCE octaves), the knobs are rules.h's "auto"
-// ones on num_sms SMs (this GPU's kSms when num_sms <= 0). Passed explicitly,
+// d <= 131072 (batch_select.MAX_CLASS_DISTANCE octaves), the knobs are the model's
+// (splitkv::rules::live_model_knobs on the batch's lengths) when ctas_per_sm > 0 gives the paged
+// kernel's CTAs per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor of its instantiation, or
+// splitkv_tune.live.launch_ctas_per_sm), else rules.h's "auto" ones; both on num_sms SMs (this
+// GPU's kSms when num_sms <= 0). Passed explicitly,
 // the knobs give each sequence splitkv::rules::live_splits(live_len, block_kv,
 // min_blocks_per_split, max_splits) splits, as the kernel computes them on the device; a class
 // whose split_plan is kSplitPlanLoadAware lets each launch choose min_blocks_per_split from the
@@ -897,11 +976,14 @@ inline constexpr BatchClass kBatchClasses[50] = {
 
 // The knobs of a paged call of the batch `lengths` (batch live lengths, >= 0; padded slots
 // are 0); false when an argument is out of range (out untouched): the ranges of
-// splitkv::rules::live_knob_args_ok, on num_sms SMs or this GPU's kSms when num_sms <= 0.
+// splitkv::rules::live_knob_args_ok, on num_sms SMs or this GPU's kSms when num_sms <= 0;
+// ctas_per_sm in [0, kMaxCtasPerSm] (0: no model); for the model, live_model_args_ok's.
 inline bool select_live_knobs(int dtype, int head_dim, int q_heads, int kv_heads, int q_len, int page_size,
-                              const std::int64_t* lengths, int batch, LiveKnobs* out, std::int64_t num_sms = 0) {
+                              const std::int64_t* lengths, int batch, LiveKnobs* out, std::int64_t num_sms = 0,
+                              int ctas_per_sm = 0) {
   using namespace detail;
   if (dtype != kFp16 && dtype != kBf16) return false;
+  if (ctas_per_sm < 0 || ctas_per_sm > splitkv::rules::kMaxCtasPerSm) return false;
   if (head_dim != 64 && head_dim != 96 && head_dim != 128 && head_dim != 256) return false;
   if (kv_heads < 1 || q_heads < kv_heads || q_heads % kv_heads || q_len < 1 || page_size < 1) return false;
   const std::int64_t packed_rows = std::int64_t{q_len} * (q_heads / kv_heads);
@@ -941,6 +1023,15 @@ inline bool select_live_knobs(int dtype, int head_dim, int q_heads, int kv_heads
   }
   const int rows = static_cast<int>(packed_rows), sm_count = static_cast<int>(sms);
   const int block_kv = splitkv::rules::kLiveDefaultBlockKV;
+  if (ctas_per_sm > 0) {
+    std::int64_t blocks = 0;
+    for (int i = 0; i < batch; ++i) blocks += (lengths[i] + block_kv - 1) / block_kv;
+    if (!splitkv::rules::live_model_args_ok(batch, kv_heads, packed_rows, sms, ctas_per_sm, blocks)) return false;
+    const splitkv::rules::LiveModelKnobs m =
+        splitkv::rules::live_model_knobs(lengths, batch, kv_heads, rows, sm_count, ctas_per_sm);
+    *out = LiveKnobs{block_kv, m.min_blocks_per_split, m.max_splits, kMergeAuto, kSplitPlanFixed, -1};
+    return true;
+  }
   const int min_blocks = splitkv::rules::live_min_keys_per_split(batch, kv_heads, rows, sm_count) / block_kv;
   *out = LiveKnobs{block_kv, min_blocks > 1 ? min_blocks : 1,
                    splitkv::rules::live_max_splits(batch, kv_heads, rows, sm_count), kMergeAuto, kSplitPlanFixed, -1};
@@ -965,13 +1056,15 @@ inline bool select_config_for_device(const char* device_name, std::int64_t num_s
 }
 
 // The knobs of a paged / variable-length call of the batch `lengths` on the named device: its
-// table's select_live_knobs(); false when no table of this header is the device's, or an
+// table's select_live_knobs() (ctas_per_sm: the paged kernel's CTAs per SM, for the model of a
+// batch no class is near; 0: none); false when no table of this header is the device's, or an
 // argument is out of range.
 inline bool select_live_knobs_for_device(const char* device_name, std::int64_t num_sms, int dtype, int head_dim,
                                          int q_heads, int kv_heads, int q_len, int page_size,
-                                         const std::int64_t* lengths, int batch, LiveKnobs* out) {
+                                         const std::int64_t* lengths, int batch, LiveKnobs* out,
+                                         int ctas_per_sm = 0) {
   if (gpu_nvidia_h200::matches_device(device_name))
-    return gpu_nvidia_h200::select_live_knobs(dtype, head_dim, q_heads, kv_heads, q_len, page_size, lengths, batch, out, num_sms);
+    return gpu_nvidia_h200::select_live_knobs(dtype, head_dim, q_heads, kv_heads, q_len, page_size, lengths, batch, out, num_sms, ctas_per_sm);
   return false;
 }
 
