@@ -166,12 +166,22 @@ def batch_classes(path):
     return grid, out
 
 
-@pytest.mark.parametrize("training", ["batches.yaml", "batches_dense.yaml"])
+@pytest.mark.parametrize("training", ["batches.yaml", "batches_dense.yaml", "batches_split_plan.yaml"])
 def test_the_held_out_batches_are_skewed_and_apart_from_the_tables_grids(training):
     held_out, held_classes = batch_classes(CONFIGS / "batches_holdout.yaml")
     grid, trained = batch_classes(CONFIGS / training)
     assert len(held_out.batches) >= 10
     assert all(b.label.startswith("skewed:") for b in held_out.batches)
+    assert not held_classes & trained
+    assert {b.label for b in held_out.batches}.isdisjoint(b.label for b in grid.batches)
+
+
+@pytest.mark.parametrize("training", ["batches.yaml", "batches_dense.yaml", "batches_split_plan.yaml",
+                                      "batches_holdout.yaml"])
+def test_the_held_out_model_batches_are_real_heads_apart_from_every_other_grid(training):
+    held_out, held_classes = batch_classes(CONFIGS / "batches_holdout_models.yaml")
+    grid, trained = batch_classes(CONFIGS / training)
+    assert len(held_out.batches) >= 30 and len({tuple(b.head.values()) for b in held_out.batches}) >= 6
     assert not held_classes & trained
     assert {b.label for b in held_out.batches}.isdisjoint(b.label for b in grid.batches)
 

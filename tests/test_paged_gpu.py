@@ -203,6 +203,27 @@ def test_load_aware_plan_is_the_hosts(ops, cuda_gen, lengths, merge, base, want_
     _check(q, out, lse, keys, lengths, False)
 
 
+@pytest.mark.parametrize("dtype,head_dim,q_heads,kv_heads,q_len", [
+    ("bf16", 128, 32, 8, 1), ("bf16", 128, 8, 1, 1), ("fp16", 64, 32, 32, 1), ("bf16", 256, 32, 8, 4),
+    ("fp16", 96, 32, 4, 4)])
+@pytest.mark.parametrize("batch", [1, 64, 1024])
+def test_the_selectors_ctas_per_sm_is_the_fixed_launchs(dtype, head_dim, q_heads, kv_heads, q_len, batch):
+    """The model of the selector sizes each candidate's grid as rules.h's live_grid on SMs x
+    live.launch_ctas_per_sm; a fixed-plan launch of those knobs has that grid (its shared memory
+    grows with the batch)."""
+    from splitkv_tune import _rules
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    per_sm = live.launch_ctas_per_sm(dtype, head_dim, batch, q_heads, kv_heads, q_len)
+    assert 1 <= per_sm <= _rules.LIVE_MODEL["max_ctas_per_sm"]
+    q = torch.empty(batch, q_len, q_heads, head_dim, dtype=DTYPES[dtype], device="cuda")
+    rows = q_len * (q_heads // kv_heads)
+    for max_splits in (1, 8, 64):
+        capacity = batch * kv_heads * _rules.num_m_blocks(rows) * max_splits
+        min_blocks = 4096  # a knob whose launch does not choose (live_plan_choices 1)
+        assert _rules.live_plan_choices(min_blocks, 64) == 1
+        assert live.launch_grid(q, kv_heads, 64, min_blocks, max_splits) == min(capacity, sms * per_sm)
+
+
 def test_graph_replays_any_length_mix(ops, cuda_gen):
     """Captured once with every length 1, replayed with 200 random mixes up to 64K: bit for bit
     the eager call's output each time."""

@@ -13,7 +13,7 @@
 # sequences, 64 x 2K and a log-normal batch vs FlashInfer (~2 min); compare-batch-eager: the
 # default paged call's eager loop and host cost beside FlashInfer's (~3 min); batch-sweep: sweep-batches
 # over configs/batches.yaml or $BATCH_GRID (~8 min, resumable; BATCH_SWEEP_TIMEOUT); batch-evaluate: the batch
-# table, then evaluate-batches on configs/batches_holdout.yaml (~4 min); dense-part: a part of
+# table, then evaluate-batches on configs/batches_holdout.yaml or $HOLDOUT_GRID (~4 min); dense-part: a part of
 # configs/dense_decode.yaml, resumed (DENSE_PART, DENSE_TIMEOUT). COMPARE_BATCH_ARGS adds
 # options (e.g. --plan 4:64 --peers sdpa_cudnn). The build
 # takes ~2.5 min first (wheels installed, two split kernels per instantiation).
@@ -173,15 +173,19 @@ for mode in "$@"; do
         --csv results/$gpu/batches/$(basename "$grid" .yaml).csv 2>&1 | tail -40 | tee -a "$out/batch_sweep.log"
       ;;
     batch-evaluate)
-      # The batch table from the batch sweeps, then the selector's regret on the held-out batches
-      # (configs/batches_holdout.yaml, ~4 min, resumable) beside the auto knobs and FA2/FA3/SGLang.
-      # The split-plan sweep last: its classes take its rows (batch_table.py).
+      # The batch table from the batch sweeps, then the selector's regret on held-out batches
+      # ($HOLDOUT_GRID, default configs/batches_holdout.yaml, ~4 min, resumable; rows in
+      # results/<gpu>/batches/<grid name less batches_>.csv, the report in evaluate_<that>.md/.csv)
+      # beside the auto knobs and FA2/FA3/SGLang. The split-plan sweep last: its classes take its
+      # rows (batch_table.py).
+      grid=${HOLDOUT_GRID:-configs/batches_holdout.yaml}
+      name=$(basename "$grid" .yaml); name=${name#batches_}
       splitkv-tune batch-table results/$gpu/batches/batches.csv results/$gpu/batches/batches_dense.csv \
         results/$gpu/batches/batches_split_plan.csv --gpu "$flag" -o results/$gpu/batch_table.csv \
         2>&1 | tee -a "$out/batch_evaluate.log"
-      timeout ${BATCH_EVALUATE_TIMEOUT:-400} splitkv-tune evaluate-batches --grid configs/batches_holdout.yaml \
-        --gpu "$flag" --batch-table results/$gpu/batch_table.csv --csv results/$gpu/batches/holdout.csv \
-        --out-md results/$gpu/batches/evaluate_holdout.md --out-csv results/$gpu/batches/evaluate_holdout.csv \
+      timeout ${BATCH_EVALUATE_TIMEOUT:-400} splitkv-tune evaluate-batches --grid "$grid" \
+        --gpu "$flag" --batch-table results/$gpu/batch_table.csv --csv results/$gpu/batches/$name.csv \
+        --out-md results/$gpu/batches/evaluate_$name.md --out-csv results/$gpu/batches/evaluate_$name.csv \
         2>&1 | tail -40 | tee -a "$out/batch_evaluate.log"
       ;;
     dense-part)
