@@ -388,9 +388,9 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_grid(int64_t capacity_items, int num_
 // merge that ends its tile reads every split; the plan's estimate leaves it out, as the plan's
 // choices share one bound). The least score wins; equal scores go to fewer max_splits, then
 // fewer min_blocks_per_split. Why a model rather than "auto": replayed on the H200 batch sweeps'
-// timed points (tools/plan_model.py rank), its choice had 2.3% geometric-mean regret on the 64
-// swept batches that fitted the merge cost and 2.2% (max 6.6%) on the 12 held-out batches,
-// where "auto" had 9.6% and 8.5% (docs/PERFORMANCE.md).
+// timed points (tools/plan_model.py rank), its choice had 2.3% geometric-mean regret on the 50
+// swept batches that the merge cost was chosen on and 2.2% (max 6.6%) on the 12 held-out
+// batches, where "auto" had 10.7% and 8.5% (docs/PERFORMANCE.md).
 inline constexpr int kLiveModelMinBlocks[] = {1, 2, 4, 8, 16};
 inline constexpr int kLiveModelMaxSplits[] = {8, 16, 32, 64};
 inline constexpr int kLiveModelMergeCost16 = 1;
