@@ -43,33 +43,52 @@ py::tuple as_tuple(const int (&values)[N]) {
   return t;
 }
 
-// The arguments of the load-aware plan's host functions: lengths in [0, kMaxKeys], the rest
-// positive, ctas within the live grid's bound; ValueError naming the function otherwise.
-void check_live_plan_args(const char* name, const std::vector<int>& lengths, int64_t tiles, int64_t ctas,
-                          int block_kv, int min_blocks_per_split, int max_splits) {
-  for (int n : lengths) {
-    if (n < 0 || n > rules::kMaxKeys) throw py::value_error(std::string(name) + ": a length outside [0, MAX_KEYS]");
-  }
-  if (lengths.empty() || tiles < 1 || ctas < 1 || ctas > rules::kMaxLiveCtas || block_kv < 1 ||
-      min_blocks_per_split < 1 || max_splits < 1) {
-    throw py::value_error(std::string(name) + " needs lengths, tiles, block_kv, min_blocks_per_split, max_splits >= 1 "
-                          "and ctas in [1, " + std::to_string(rules::kMaxLiveCtas) + "]");
-  }
-}
-
-// The model's arguments (rules::live_model_args_ok): ValueError naming the function otherwise.
-void check_live_model_args(const char* name, const std::vector<int>& lengths, int64_t kv_heads, int64_t packed_rows,
-                           int64_t num_sms, int64_t ctas_per_sm) {
+// Live lengths in [0, kMaxKeys] (ValueError naming the function otherwise); returns their blocks of
+// block_kv keys.
+int64_t checked_lengths(const char* name, const std::vector<int>& lengths, int block_kv) {
   int64_t blocks = 0;
   for (int n : lengths) {
     if (n < 0 || n > rules::kMaxKeys) throw py::value_error(std::string(name) + ": a length outside [0, MAX_KEYS]");
-    blocks += rules::ceil_div(n, rules::kLiveDefaultBlockKV);
+    blocks += rules::ceil_div(n, block_kv);
   }
+  return blocks;
+}
+
+// A knob of min_blocks_per_split blocks of block_kv keys: positive, and at most a split of the
+// longest sequence (kMaxKeys keys), so that the split count's rounding stays in int.
+bool min_blocks_ok(int min_blocks_per_split, int block_kv) {
+  return block_kv >= 1 && min_blocks_per_split >= 1 && min_blocks_per_split <= rules::kMaxKeys / block_kv;
+}
+
+// The arguments of the load-aware plan's host functions: lengths in [0, kMaxKeys], the rest
+// positive (min_blocks_per_split within min_blocks_ok), ctas within the live grid's bound;
+// ValueError naming the function otherwise.
+void check_live_plan_args(const char* name, const std::vector<int>& lengths, int64_t tiles, int64_t ctas,
+                          int block_kv, int min_blocks_per_split, int max_splits) {
+  if (block_kv >= 1) checked_lengths(name, lengths, block_kv);
+  if (lengths.empty() || tiles < 1 || ctas < 1 || ctas > rules::kMaxLiveCtas ||
+      !min_blocks_ok(min_blocks_per_split, block_kv) || max_splits < 1) {
+    throw py::value_error(std::string(name) + " needs lengths, tiles, block_kv, max_splits >= 1, "
+                          "min_blocks_per_split in [1, MAX_KEYS // block_kv] and ctas in [1, " +
+                          std::to_string(rules::kMaxLiveCtas) + "]");
+  }
+}
+
+// The model's arguments (rules::live_model_args_ok): ValueError naming the function and the
+// condition that fails otherwise.
+void check_live_model_args(const char* name, const std::vector<int>& lengths, int64_t kv_heads, int64_t packed_rows,
+                           int64_t num_sms, int64_t ctas_per_sm) {
+  const int64_t blocks = checked_lengths(name, lengths, rules::kLiveDefaultBlockKV);
   check_live_knob_args(name, int64_t(lengths.size()), kv_heads, packed_rows, num_sms);
-  if (!rules::live_model_args_ok(int64_t(lengths.size()), kv_heads, packed_rows, num_sms, ctas_per_sm, blocks)) {
+  if (ctas_per_sm < 1 || ctas_per_sm > rules::kMaxCtasPerSm) {
     throw py::value_error(std::string(name) + " needs ctas_per_sm in [1, " + std::to_string(rules::kMaxCtasPerSm) +
-                          "] and the batch's blocks times its tiles at most 2^40, got ctas_per_sm " +
-                          std::to_string(ctas_per_sm));
+                          "], got " + std::to_string(ctas_per_sm));
+  }
+  if (!rules::live_model_args_ok(int64_t(lengths.size()), kv_heads, packed_rows, num_sms, ctas_per_sm, blocks)) {
+    throw py::value_error(std::string(name) + " needs the batch's blocks of " +
+                          std::to_string(rules::kLiveDefaultBlockKV) + " keys (" + std::to_string(blocks) +
+                          ") times its KV heads and query tiles (" +
+                          std::to_string(kv_heads * rules::num_m_blocks(int(packed_rows))) + ") at most 2^40");
   }
 }
 
@@ -101,8 +120,10 @@ PYBIND11_MODULE(_rules, m) {
   m.attr("MAX_GRID_Y") = rules::kMaxGridY;
   m.attr("MAX_LIVE_CTAS") = rules::kMaxLiveCtas;
   m.def("live_splits", [](int live_len, int block_kv, int min_blocks_per_split, int max_splits) {
-    if (live_len < 0 || block_kv < 1 || min_blocks_per_split < 1 || max_splits < 1) {
-      throw py::value_error("live_splits needs live_len >= 0 and block_kv, min_blocks_per_split, max_splits >= 1");
+    if (live_len < 0 || live_len > rules::kMaxKeys || !min_blocks_ok(min_blocks_per_split, block_kv) ||
+        max_splits < 1) {
+      throw py::value_error("live_splits needs live_len in [0, MAX_KEYS], block_kv, max_splits >= 1 and "
+                            "min_blocks_per_split in [1, MAX_KEYS // block_kv]");
     }
     return rules::live_splits(live_len, block_kv, min_blocks_per_split, max_splits);
   }, py::arg("live_len"), py::arg("block_kv"), py::arg("min_blocks_per_split"), py::arg("max_splits"));
@@ -163,8 +184,9 @@ PYBIND11_MODULE(_rules, m) {
   m.def("live_model_score", [](const std::vector<int>& lengths, int64_t kv_heads, int64_t packed_rows, int64_t num_sms,
                                int64_t ctas_per_sm, int min_blocks_per_split, int max_splits) {
     check_live_model_args("live_model_score", lengths, kv_heads, packed_rows, num_sms, ctas_per_sm);
-    if (min_blocks_per_split < 1 || max_splits < 1 || max_splits > kMaxSplits) {
-      throw py::value_error("live_model_score needs min_blocks_per_split >= 1 and max_splits in [1, " +
+    if (!min_blocks_ok(min_blocks_per_split, rules::kLiveDefaultBlockKV) || max_splits < 1 || max_splits > kMaxSplits) {
+      throw py::value_error("live_model_score needs min_blocks_per_split in [1, MAX_KEYS // " +
+                            std::to_string(rules::kLiveDefaultBlockKV) + "] and max_splits in [1, " +
                             std::to_string(kMaxSplits) + "]");
     }
     return rules::live_model_score(lengths.data(), int(lengths.size()), int(kv_heads), int(packed_rows),

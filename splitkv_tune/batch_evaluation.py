@@ -70,7 +70,7 @@ def rule_knobs(batch: Batch, table, num_sms: int, ctas_per_sm=None) -> dict[str,
 def with_rule_plans(grid: BatchGrid, table, num_sms: int, ctas_per_sm=None) -> BatchGrid:
     """The grid with each batch's rule knobs (but ``auto``, the ``ours`` row) added to its plan
     rows where the space lacks them; a rule's merge is named only where it is not the call's
-    default."""
+    default. ``ctas_per_sm``: the selector's, as ``rule_knobs`` takes it."""
     out = []
     for batch in grid.batches:
         plans = list(batch.plans)
@@ -107,7 +107,8 @@ def _timed_knobs(rows: list[dict]) -> dict[tuple, float]:
 
 def regret_records(grid: BatchGrid, rows: list[dict], table, num_sms: int, ctas_per_sm=None) -> list[dict]:
     """One record per batch of the grid: the oracle's time and knobs, and per rule its knobs, time
-    and regret (None when the CSV has no row at those knobs, e.g. a batch not yet timed)."""
+    and regret (None when the CSV has no row at those knobs, e.g. a batch not yet timed).
+    ``ctas_per_sm``: the selector's, as ``rule_knobs`` takes it."""
     by_batch: dict[tuple, list[dict]] = {}
     for row in rows:
         by_batch.setdefault(tuple(row[c] for c in KEY_COLUMNS), []).append(row)
@@ -137,7 +138,8 @@ def leave_one_out_records(grid: BatchGrid, rows: list[dict], gpu: str, num_sms: 
     and each rule is timed by the held-out batch's own rows. ``rows``: sweep CSV rows
     (``batch_sweep.read_rows``) of the grid's batches, with ``batch_table.RUN_KEY`` set when they
     come from several runs. Batches without timed rows, or whose table would be empty, are left
-    out. No GPU: sweep-batches timed the rows."""
+    out. No GPU: sweep-batches timed the rows. ``ctas_per_sm``: the selector's, as ``rule_knobs``
+    takes it."""
     from splitkv_tune.batch_table import build_batch_table
     from splitkv_tune.table_schema import TableError
     twin = [c for c in KEY_COLUMNS if c != "page_size"]

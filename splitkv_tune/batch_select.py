@@ -26,9 +26,9 @@ only within D octaves and ``"auto"`` beyond gave 6.8% for D below 1, 7.3% at 1, 
 9.3% at 2. So a class serves its own batch, and the same lengths at
 another page size (0.5 octaves), not its neighbours: the knobs that win on one batch do not carry
 over to a batch of another size or spread. The model carries over better: replayed on the
-same sweeps' timed points (``tools/plan_model.py rank``), its knobs had 2.3% geometric-mean
-regret on the swept batches and 2.2% (max 6.6%) on the 12 held-out ones, where ``"auto"`` had
-10.7% and 8.5%.
+timed points of ``batches.csv``, ``batches_dense.csv`` and ``batches_split_plan.csv``
+(``tools/plan_model.py rank``), its knobs had 2.3% geometric-mean regret on their 50 batches and
+2.2% (max 6.6%) on the 12 held-out ones of ``holdout.csv``, where ``"auto"`` had 10.7% and 8.5%.
 """
 from __future__ import annotations
 
@@ -40,6 +40,8 @@ from splitkv_tune.selector import Q, log2_q16
 PAGE_WEIGHT = 0.25
 # The farthest class whose knobs a batch takes, in octaves of the distance (see the module).
 MAX_CLASS_DISTANCE = 0.5
+# The most CTAs per SM the model takes (rules.h kMaxCtasPerSm).
+MAX_CTAS_PER_SM = _rules.LIVE_MODEL["max_ctas_per_sm"]
 # d in integers: the page term once, the others PAGE_SCALE times, each log2 in 16-bit fixed point.
 PAGE_SCALE = round(1 / PAGE_WEIGHT)
 DISTANCE_ONE = PAGE_SCALE << Q
@@ -124,7 +126,7 @@ def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_head
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if not isinstance(q_heads, int) or q_heads < kv_heads or q_heads % kv_heads:
         raise ValueError(f"q_heads must be a multiple of kv_heads ({kv_heads}), got {q_heads!r}")
-    max_ctas_per_sm = _rules.LIVE_MODEL["max_ctas_per_sm"]
+    max_ctas_per_sm = MAX_CTAS_PER_SM
     if ctas_per_sm is not None and (not isinstance(ctas_per_sm, int) or isinstance(ctas_per_sm, bool)
                                     or not 1 <= ctas_per_sm <= max_ctas_per_sm):
         raise ValueError(f"ctas_per_sm must be None or an integer in [1, {max_ctas_per_sm}] (CTAs of the paged "
@@ -151,7 +153,8 @@ def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_head
                          f"{live.explain_knobs(batch, head_dim, kv_heads, q_rows, num_sms)}")
 
     if not rows:
-        return live_defaults(f"no batch-table row for {config} (of its {len(table)} rows)")
+        return live_defaults(f"no batch-table row for {config} (of its {len(table)} rows)" if table
+                             else f"no batch table for {config}")
     distance_q, row = min(((class_distance_q(r, batch, len_max, len_mean, page_size), r) for r in rows),
                           key=lambda pair: (pair[0], class_order(pair[1])))
     distance = distance_q / DISTANCE_ONE

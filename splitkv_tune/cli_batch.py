@@ -10,8 +10,12 @@ import json
 
 import click
 
-from splitkv_tune import tunables
+from splitkv_tune import _rules, tunables
 from splitkv_tune.cli_errors import STDOUT, check_output, exit_2_on_bad_input
+
+
+# The paged kernel's CTAs per SM, as the selector's model takes them (rules.h kMaxCtasPerSm).
+CTAS_PER_SM = click.IntRange(1, _rules.LIVE_MODEL["max_ctas_per_sm"])
 
 
 def parse_lengths_option(text: str) -> tuple[int, ...]:
@@ -268,7 +272,7 @@ def batch_table(csvs, gpu, output):
 @click.option("--gpu", required=True, callback=_gpu, help="The GPU that timed the rows (h200, 'NVIDIA H200', ...).")
 @click.option("--num-sms", type=click.IntRange(1, 1024), default=None,
               help="The SM count the rules plan for; default: the GPU's profile.")
-@click.option("--ctas-per-sm", type=click.IntRange(1, 32), default=None,
+@click.option("--ctas-per-sm", type=CTAS_PER_SM, default=None,
               help="CTAs of the paged kernel per SM on the GPU that timed the rows (H200, bf16 D 128: 2), for the "
                    "selector's model beyond the table's classes; without it the selector takes the auto knobs there.")
 @click.option("--out-md", type=click.Path(dir_okay=False), default=None, help="Also write the report here.")
@@ -343,7 +347,7 @@ def _device_residency(live):
 @click.option("--num-sms", type=click.IntRange(1, 1024), default=None,
               help="The SM count the rules plan for; default: the GPU's profile, else the device's.")
 @click.option("--report-only", is_flag=True, help="Time nothing: the report from the rows already in --csv.")
-@click.option("--ctas-per-sm", type=click.IntRange(1, 32), default=None,
+@click.option("--ctas-per-sm", type=CTAS_PER_SM, default=None,
               help="With --report-only: CTAs of the paged kernel per SM on the GPU that timed the rows (H200, bf16 "
                    "D 128: 2), for the selector's model beyond the table's classes (without it, the auto knobs "
                    "there). When timing, the device's for each batch.")

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from splitkv_tune import tunables
-from splitkv_tune.cli_batch import check_page_size, parse_lengths_option
+from splitkv_tune.cli_batch import CTAS_PER_SM, check_page_size, parse_lengths_option
 from splitkv_tune.cli_errors import check_output, exit_2_on_bad_input, fail
 from splitkv_tune.gpus import profile_for, resolve_gpu
 from splitkv_tune.selector import (TABLES_ENV, HeuristicTable, load_table_for_gpu, select_shape,
@@ -113,7 +113,7 @@ def _paged_lengths(ctx, param, value):
 @click.option("--batch-table", type=click.Path(dir_okay=False), default=None,
               help="With --paged and --lengths: take the knobs from this batch-class table (splitkv-tune "
                    "batch-table; CSV or .json) instead of the live defaults.")
-@click.option("--ctas-per-sm", type=click.IntRange(1, 32), default=None,
+@click.option("--ctas-per-sm", type=CTAS_PER_SM, default=None,
               help="With --paged and --lengths: CTAs of the paged kernel per SM on that GPU (H200, bf16 D 128: 2), "
                    "for the selector's model of the launch, which chooses the knobs of a batch that no class of "
                    "the batch table is near (or without --batch-table); without it, the live defaults.")

@@ -172,8 +172,7 @@ def launch_ctas_per_sm(dtype: str, head_dim: int, batch: int, q_heads: int, kv_h
     extension and the GPU."""
     from splitkv_tune.ops import _device_info, _extension
 
-    if dtype not in tunables.DTYPES:
-        raise ValueError(f"dtype must be one of {tunables.DTYPES}, got {dtype!r}")
+    Shape(dtype, head_dim, batch, q_heads, kv_heads, q_len, 1).validate()
     index = torch.cuda.current_device() if device is None else device
     code = _rules.DTYPE_CODES[dtype]
     # A capacity beyond any grid, so that the grid is the GPU's residency.

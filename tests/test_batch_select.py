@@ -77,7 +77,7 @@ def test_no_row_of_the_head_configuration_falls_back_to_the_live_defaults(table_
     assert got.merge == "auto" and got.row is None
     assert got.reason.startswith("no batch-table row for bf16 D64 Hq32/Hkv8 Sq1")
     assert live.explain_knobs(16, 64, 8, 4, 132) in got.reason
-    assert select([], "7").reason.startswith("no batch-table row")
+    assert select([], "7").reason.startswith("no batch table for bf16 D128 Hq32/Hkv8 Sq1; no ctas_per_sm")
 
 
 def test_a_table_of_several_gpus_is_refused(table_file):
@@ -183,7 +183,7 @@ def test_beyond_the_classes_the_model_chooses_given_ctas_per_sm(table_file):
     # A near class still wins, and no table at all is the model's too.
     assert select(table, "skewed:16:65536:1024", ctas_per_sm=2).row is table[1]
     none = select([], [6000] * 12, ctas_per_sm=2)
-    assert none.kwargs() == far.kwargs() and none.reason.startswith("no batch-table row")
+    assert none.kwargs() == far.kwargs() and none.reason.startswith("no batch table for")
     for bad in (0, 33, True, 2.0, "2"):
         with pytest.raises(ValueError, match="ctas_per_sm must be None or an integer in \\[1, 32\\]"):
             select(table, [6000] * 12, ctas_per_sm=bad)
@@ -196,4 +196,4 @@ def test_select_paged_with_ctas_per_sm(table_file):
     assert "the model's knobs" in got["why"] and got["merge"] == "auto"
     alone = json.loads(invoke(*PAGED, "--lengths", "uniform:8:8192", "--page-size", "16", "--kv-len", "16384",
                               "--ctas-per-sm", "2", "--json").output)
-    assert alone["why"].startswith("no batch-table row") and alone["max_splits"] == got["max_splits"]
+    assert alone["why"].startswith("no batch table for") and alone["max_splits"] == got["max_splits"]

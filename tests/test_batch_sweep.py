@@ -176,7 +176,7 @@ def _changed(path, value):
     (["space", "block_kv"], [48], "space: block_kv must be one of"),
     (["space", "block_kv"], [], "space.block_kv: expected a non-empty list"),
     (["space", "max_splits"], [0], "space: max_splits must be an integer in [1, 128]"),
-    (["space", "min_blocks_per_split"], [1, 0], "space: min_blocks_per_split must be a positive integer"),
+    (["space", "min_blocks_per_split"], [1, 0], "space: min_blocks_per_split must be an integer in [1, "),
     (["space", "min_blocks_per_split"], [True], "space.min_blocks_per_split: expected a non-empty list"),
     (["timing"], {"max_time_s": -1}, "timing.max_time_s"),
 ])

@@ -14,15 +14,15 @@ come from it.
 min_blocks_per_split): for each batch, the knob that `plan.plan_min_blocks` chooses from the
 "auto" knob, looked up among the timed rows, against the "auto" knob itself and the best row.
 
-`rank` asks whether the model could choose all the knobs: for each batch of sweep-batches rows,
-the timed fixed-plan point (block_kv 64) that rules.h's estimate (`live_plan_knob_estimate`, on
-the batch's lengths and `--ctas` CTAs) ranks first, the smaller max_splits and then the fewer
-min_blocks_per_split among equal estimates, against the batch's best row, beside the "auto"
-knobs' row: regret per batch, geometric mean and max.
+`rank` replays the selector's model (rules.h ``live_model_knobs``: the fixed-plan point of the
+sweeps' space, or the "auto" knobs, that the model of the launch finishes first, on the batch's
+lengths, ``--sms`` SMs and ``--ctas-per-sm``) on sweep-batches rows: for each batch, the timed row
+at the model's knobs against the batch's best row of any knobs, beside the "auto" knobs' row:
+regret per batch, geometric mean and max (a batch whose model knobs were not timed has none).
 
     python3 tools/plan_model.py fit results/nvidia_h200/batches/batches.csv ...   # needs scipy
     python3 tools/plan_model.py check --ctas 264 results/nvidia_h200/paged/plan_knob_curves_32_8_2026-12-02.csv
-    python3 tools/plan_model.py rank --ctas 264 results/nvidia_h200/batches/holdout.csv
+    python3 tools/plan_model.py rank --ctas-per-sm 2 results/nvidia_h200/batches/holdout.csv
 """
 from __future__ import annotations
 
@@ -161,7 +161,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("fit", "check", "rank"))
     parser.add_argument("csv", nargs="+")
-    parser.add_argument("--ctas", type=int, default=264, help="the launch's CTAs (H200: 132 SMs x 2)")
+    parser.add_argument("--ctas", type=int, default=264, help="fit, check: the launch's CTAs (H200: 132 SMs x 2)")
     parser.add_argument("--sms", type=int, default=132)
     parser.add_argument("--ctas-per-sm", type=int, default=2,
                         help="rank: the paged kernel's CTAs per SM (H200, bf16 D 128 block_kv 64: 2)")

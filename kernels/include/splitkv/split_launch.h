@@ -9,13 +9,32 @@
 
 namespace splitkv {
 
+// Lets `kernel` (split_kv_live_kernel<Traits> when live, else split_kv_kernel<Traits>) take smem
+// bytes of dynamic shared memory on `device`, the current one. The attribute belongs to the
+// device's context: raised once per device, kernel and size. Needed before a launch of more than
+// 48 KB, and before an occupancy query of that much, which would find no CTA otherwise.
+template <class Traits>
+void allow_dynamic_smem(bool live, int device, int smem) {
+  if (smem <= 48 * 1024) return;
+  static int configured[2][kMaxDevices] = {};
+  int* limit = device < kMaxDevices ? &configured[live][device] : nullptr;
+  if (limit == nullptr || *limit < smem) {
+    auto kernel = live ? &split_kv_live_kernel<Traits> : &split_kv_kernel<Traits>;
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "split kernel shared-memory limit");
+    if (limit != nullptr) *limit = smem;
+  }
+}
+
 // CTAs of split_kv_live_kernel<Traits> one SM holds at once with smem_bytes of dynamic shared
-// memory, asked once per device and size (a server's batch size rarely changes).
+// memory on `device` (the current one), asked once per device and size (a server's batch size
+// rarely changes).
 template <class Traits>
 int live_ctas_per_sm(int device, int smem_bytes) {
   static int sizes[kMaxDevices] = {}, counts[kMaxDevices] = {};
   const int slot = device < kMaxDevices ? device : kMaxDevices - 1;
   if (sizes[slot] != smem_bytes || counts[slot] == 0) {
+    allow_dynamic_smem<Traits>(true, device, smem_bytes);
     check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&counts[slot], &split_kv_live_kernel<Traits>,
                                                              Traits::kNThreads, smem_bytes),
                "split kernel occupancy");
@@ -74,17 +93,7 @@ void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmat
                                   std::to_string(smem_optin_limit(device)) + " in all");
     }
   }
-  if (smem > 48 * 1024) {
-    // The attribute belongs to the current device's context: raised once per device, kernel and
-    // size.
-    static int configured[2][kMaxDevices] = {};
-    int* limit = device < kMaxDevices ? &configured[live][device] : nullptr;
-    if (limit == nullptr || *limit < smem) {
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                 "split kernel shared-memory limit");
-      if (limit != nullptr) *limit = smem;
-    }
-  }
+  allow_dynamic_smem<Traits>(live, device, smem);
   const dim3 grid = live ? dim3(unsigned(live_grid_on<Traits>(p, device)))
                          : dim3(p.num_m_blocks, p.batch * p.kv_heads, p.num_splits);
   launch_kernel(kernel, p, grid, dim3(Traits::kNThreads), smem, stream, programmatic, "split kernel launch");

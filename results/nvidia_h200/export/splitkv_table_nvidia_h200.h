@@ -183,9 +183,10 @@ static_assert((kLiveMinKeysPerSplitHigh & (kLiveMinKeysPerSplitHigh - 1)) == 0,
 // kMaxKeys and num_sms <= kMaxLiveSms, the "auto" rules' products fit in int64_t.
 inline constexpr int kMaxGridY = 65535;
 inline constexpr int kMaxLiveSms = 1 << 16;
-// The most CTAs a paged / variable-length launch's grid has (SMs x CTAs per SM, at most 32 on
-// any GPU); within it the load-aware plan's rate is a 32-bit division.
-inline constexpr int kMaxLiveCtas = kMaxLiveSms * 32;
+// The most CTAs a paged / variable-length launch's grid has (SMs x CTAs per SM, at most
+// kMaxCtasPerSm on any GPU); within it the load-aware plan's rate is a 32-bit division.
+inline constexpr int kMaxCtasPerSm = 32;
+inline constexpr int kMaxLiveCtas = kMaxLiveSms * kMaxCtasPerSm;
 
 // Whether the "auto" rules below take these counts.
 SPLITKV_HOST_DEVICE constexpr bool live_knob_args_ok(int64_t batch, int64_t kv_heads, int64_t packed_rows,
@@ -442,12 +443,12 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_grid(int64_t capacity_items, int num_
 // choices share one bound). The least score wins; equal scores go to fewer max_splits, then
 // fewer min_blocks_per_split. Why a model rather than "auto": replayed on the H200 batch sweeps'
 // timed points (tools/plan_model.py rank), its choice had 2.3% geometric-mean regret on the 50
-// swept batches that the merge cost was chosen on and 2.2% (max 6.6%) on the 12 held-out
-// batches, where "auto" had 10.7% and 8.5% (docs/PERFORMANCE.md).
+// batches of batches.csv, batches_dense.csv and batches_split_plan.csv, which the merge cost was
+// chosen on, and 2.2% (max 6.6%) on the 12 held-out batches of holdout.csv, where "auto" had
+// 10.7% and 8.5% (docs/PERFORMANCE.md).
 inline constexpr int kLiveModelMinBlocks[] = {1, 2, 4, 8, 16};
 inline constexpr int kLiveModelMaxSplits[] = {8, 16, 32, 64};
 inline constexpr int kLiveModelMergeCost16 = 1;
-inline constexpr int kMaxCtasPerSm = 32;
 
 struct LiveModelKnobs {
   int min_blocks_per_split, max_splits;
