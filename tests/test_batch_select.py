@@ -157,19 +157,15 @@ def test_the_model_takes_the_least_score_of_its_candidates(text, kv_heads, ctas_
 
 
 def test_the_model_scores_the_launch_it_describes():
-    """The score is the load-aware plan's estimate on the candidate's own grid, per CTA, plus the
-    merge cost per split of the most-split sequence."""
-    lengths = [65536] + [1024] * 15
-    for min_blocks, bound in ((1, 8), (4, 64), (16, 32)):
-        capacity = len(lengths) * 8 * bound
-        ctas = min(capacity, 132 * 2)
-        most = max(_rules.live_splits(n, 64, min_blocks, bound) for n in lengths)
-        want = (_rules.live_plan_knob_estimate(lengths, 8, ctas, 64, min_blocks, bound) // ctas
-                + _rules.LIVE_MODEL["merge_cost16"] * most)
-        assert _rules.live_model_score(lengths, 8, 4, 132, 2, min_blocks, bound) == want
-    # One sequence of 4096 keys over 8 KV heads: a grid of fewer CTAs than the GPU holds.
-    assert _rules.live_model_score([4096], 8, 4, 132, 2, 1, 8) == \
-        _rules.live_plan_knob_estimate([4096], 8, 64, 64, 1, 8) // 64 + 8
+    """The score is the load-aware plan's estimate on the GPU's resident CTAs (SMs x CTAs per SM,
+    the rate's reference, whatever the grid), per CTA, plus the merge cost per split of the
+    most-split sequence."""
+    for lengths in ([65536] + [1024] * 15, [4096], [12000] * 3):
+        for min_blocks, bound in ((1, 8), (4, 64), (16, 32)):
+            most = max(_rules.live_splits(n, 64, min_blocks, bound) for n in lengths)
+            want = (_rules.live_plan_knob_estimate(lengths, 8, 264, 64, min_blocks, bound) // 264
+                    + _rules.LIVE_MODEL["merge_cost16"] * most)
+            assert _rules.live_model_score(lengths, 8, 4, 132, 2, min_blocks, bound) == want
 
 
 def test_beyond_the_classes_the_model_chooses_given_ctas_per_sm(table_file):

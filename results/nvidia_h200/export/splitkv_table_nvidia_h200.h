@@ -437,8 +437,9 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_grid(int64_t capacity_items, int num_
 // host, not the kernel. Candidates: block_kv kLiveDefaultBlockKV, min_blocks_per_split in
 // kLiveModelMinBlocks x max_splits in kLiveModelMaxSplits (the batch sweeps' space), and the
 // "auto" knobs. A candidate's score, in 1/16 of a block's streaming time: the load-aware plan's
-// estimate on the candidate's own grid (live_grid of its capacity on num_sms x ctas_per_sm
-// CTAs), per CTA, plus kLiveModelMergeCost16 per split of the batch's most-split sequence (the
+// estimate on the GPU's resident CTAs (num_sms x ctas_per_sm, whatever the candidate's grid: the
+// rate's reference, as in the fit of its constants), per CTA, plus kLiveModelMergeCost16 per
+// split of the batch's most-split sequence (the
 // merge that ends its tile reads every split; the plan's estimate leaves it out, as the plan's
 // choices share one bound). The least score wins; equal scores go to fewer max_splits, then
 // fewer min_blocks_per_split. Why a model rather than "auto": replayed on the H200 batch sweeps'
@@ -474,7 +475,7 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_model_score(const Length* lengths, in
                                                        int min_blocks, int max_splits) {
   const int block_kv = kLiveDefaultBlockKV;
   const int64_t tiles = int64_t(kv_heads) * num_m_blocks(packed_rows);
-  const int64_t ctas = live_grid(live_work_capacity(batch, kv_heads, packed_rows, max_splits), num_sms, ctas_per_sm);
+  const int64_t ctas = int64_t(num_sms) * ctas_per_sm;
   int most_splits = 1;
   for (int b = 0; b < batch; ++b) {
     const int splits = live_splits(int(lengths[b]), block_kv, min_blocks, max_splits);
