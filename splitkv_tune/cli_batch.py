@@ -18,6 +18,47 @@ from splitkv_tune.cli_errors import STDOUT, check_output, exit_2_on_bad_input
 CTAS_PER_SM = click.IntRange(1, _rules.LIVE_MODEL["max_ctas_per_sm"])
 
 
+class ResidencyByHeadDim:
+    """The selector's ``ctas_per_sm`` for a batch (``batch_evaluation.rule_knobs`` takes a function
+    of the batch): one count for every head dim, or one per head dim."""
+
+    def __init__(self, default: int | None, by_head_dim: dict[int, int]):
+        self.default, self.by_head_dim = default, by_head_dim
+
+    def __call__(self, batch):
+        return self.by_head_dim.get(batch.head["head_dim"], self.default)
+
+    def __str__(self) -> str:
+        parts = ([] if self.default is None else [f"{self.default} CTAs per SM"]) + \
+            [f"{n} at head dim {d}" for d, n in sorted(self.by_head_dim.items())]
+        return ", ".join(parts)
+
+
+def _residency_option(ctx, param, values):
+    """``--ctas-per-sm N`` (every head dim) and ``--ctas-per-sm HEAD_DIM:N``, repeatable: None, an
+    int, or a ``ResidencyByHeadDim``."""
+    default, by_head_dim = None, {}
+    for value in values:
+        head_dim, _, count = value.rpartition(":")
+        try:
+            count = CTAS_PER_SM.convert(count, param, ctx)
+            if head_dim:
+                if int(head_dim) not in tunables.HEAD_DIMS:
+                    raise ValueError
+                by_head_dim[int(head_dim)] = count
+            else:
+                default = count
+        except (ValueError, click.BadParameter):
+            raise click.BadParameter(f"expected N or HEAD_DIM:N (HEAD_DIM one of {tunables.HEAD_DIMS}, N in "
+                                     f"[1, {CTAS_PER_SM.max}]), got {value!r}") from None
+    return ResidencyByHeadDim(default, by_head_dim) if by_head_dim else default
+
+
+RESIDENCY_HELP = ("CTAs of the paged kernel per SM on the GPU that timed the rows (H200: 2 at head dims 64 to 128, "
+                  "1 at 256), for the selector's model beyond the table's classes: N for every head dim, "
+                  "HEAD_DIM:N for one (repeatable); without it the selector takes the auto knobs there.")
+
+
 def parse_lengths_option(text: str) -> tuple[int, ...]:
     """One ``--lengths`` value as lengths; a click error naming the option and the value."""
     from splitkv_tune import batches
@@ -272,9 +313,8 @@ def batch_table(csvs, gpu, output):
 @click.option("--gpu", required=True, callback=_gpu, help="The GPU that timed the rows (h200, 'NVIDIA H200', ...).")
 @click.option("--num-sms", type=click.IntRange(1, 1024), default=None,
               help="The SM count the rules plan for; default: the GPU's profile.")
-@click.option("--ctas-per-sm", type=CTAS_PER_SM, default=None,
-              help="CTAs of the paged kernel per SM on the GPU that timed the rows (H200, bf16 D 128: 2), for the "
-                   "selector's model beyond the table's classes; without it the selector takes the auto knobs there.")
+@click.option("--ctas-per-sm", multiple=True, callback=_residency_option, metavar="[HEAD_DIM:]N",
+              help=RESIDENCY_HELP)
 @click.option("--out-md", type=click.Path(dir_okay=False), default=None, help="Also write the report here.")
 @exit_2_on_bad_input
 def cross_validate_batches(grid_paths, csv_paths, gpu, num_sms, ctas_per_sm, out_md):
@@ -317,6 +357,8 @@ def cross_validate_batches(grid_paths, csv_paths, gpu, num_sms, ctas_per_sm, out
 def _residency_text(ctas_per_sm) -> str:
     if ctas_per_sm is None:
         return "no CTAs per SM: the selector's model off"
+    if isinstance(ctas_per_sm, ResidencyByHeadDim):
+        return str(ctas_per_sm)
     if callable(ctas_per_sm):
         return "the device's CTAs per SM for each batch"
     return f"{ctas_per_sm} CTAs per SM"
@@ -347,10 +389,8 @@ def _device_residency(live):
 @click.option("--num-sms", type=click.IntRange(1, 1024), default=None,
               help="The SM count the rules plan for; default: the GPU's profile, else the device's.")
 @click.option("--report-only", is_flag=True, help="Time nothing: the report from the rows already in --csv.")
-@click.option("--ctas-per-sm", type=CTAS_PER_SM, default=None,
-              help="With --report-only: CTAs of the paged kernel per SM on the GPU that timed the rows (H200, bf16 "
-                   "D 128: 2), for the selector's model beyond the table's classes (without it, the auto knobs "
-                   "there). When timing, the device's for each batch.")
+@click.option("--ctas-per-sm", multiple=True, callback=_residency_option, metavar="[HEAD_DIM:]N",
+              help="With --report-only: " + RESIDENCY_HELP + " When timing, the device's for each batch.")
 @click.option("--out-md", type=click.Path(dir_okay=False), default=None, help="Also write the report here.")
 @click.option("--out-csv", type=click.Path(dir_okay=False), default=None, help="The per-batch regrets as CSV.")
 @exit_2_on_bad_input

@@ -317,6 +317,13 @@ def test_beyond_the_classes_the_selector_is_the_model_given_ctas_per_sm(tmp_path
         assert result.exit_code == 0 and title in result.output, result.output
         result = CliRunner().invoke(main, [*argv, *common])
         assert result.exit_code == 0 and "the selector's model off" in result.output, result.output
+    by_head_dim = CliRunner().invoke(main, ["evaluate-batches", "--batch-table", str(table_path), *common,
+                                            "--ctas-per-sm", "1", "--ctas-per-sm", "128:2", "--report-only"])
+    assert "1 CTAs per SM, 2 at head dim 128" in by_head_dim.output, by_head_dim.output
+    assert "| selector | 0.0% | 0.0% | 2 |" in by_head_dim.output  # the grid's head dim is 128: 2 CTAs
+    for bad in ("0", "33", "100:2", "128:x", "x"):
+        result = CliRunner().invoke(main, ["cross-validate-batches", *common, "--ctas-per-sm", bad])
+        assert result.exit_code == 2 and "expected N or HEAD_DIM:N" in result.output, (bad, result.output)
     evaluated = CliRunner().invoke(main, ["evaluate-batches", "--batch-table", str(table_path), *common,
                                           "--ctas-per-sm", "2", "--report-only"])
     assert "| selector | 0.0% | 0.0% | 2 |" in evaluated.output and "| auto | 20.0% | 20.0% | 2 |" in evaluated.output
