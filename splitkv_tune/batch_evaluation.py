@@ -131,6 +131,20 @@ def regret_records(grid: BatchGrid, rows: list[dict], table, num_sms: int, ctas_
     return records
 
 
+def last_run_rows(csv_paths) -> list[dict]:
+    """The rows of sweep CSVs (``batch_sweep.read_rows``), each tagged with its run
+    (``batch_table.tag_run``); a batch timed in several CSVs keeps the last one's rows only, as
+    ``batch_table.build_batch_table`` takes a class's rows from one run."""
+    from splitkv_tune.batch_sweep import read_rows
+    from splitkv_tune.batch_table import tag_run
+    rows, later = [], set()
+    for path in reversed(csv_paths):
+        mine = tag_run(read_rows(path), path)
+        rows = [r for r in mine if tuple(r[c] for c in KEY_COLUMNS) not in later] + rows
+        later |= {tuple(r[c] for c in KEY_COLUMNS) for r in mine}
+    return rows
+
+
 def leave_one_out_records(grid: BatchGrid, rows: list[dict], gpu: str, num_sms: int, ctas_per_sm=None) -> list[dict]:
     """``regret_records`` with each batch of the grid held out in turn: the selector reads a table
     built (``batch_table.build_batch_table``) from the rows of every other batch, less those of

@@ -126,10 +126,9 @@ def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_head
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if not isinstance(q_heads, int) or q_heads < kv_heads or q_heads % kv_heads:
         raise ValueError(f"q_heads must be a multiple of kv_heads ({kv_heads}), got {q_heads!r}")
-    max_ctas_per_sm = MAX_CTAS_PER_SM
     if ctas_per_sm is not None and (not isinstance(ctas_per_sm, int) or isinstance(ctas_per_sm, bool)
-                                    or not 1 <= ctas_per_sm <= max_ctas_per_sm):
-        raise ValueError(f"ctas_per_sm must be None or an integer in [1, {max_ctas_per_sm}] (CTAs of the paged "
+                                    or not 1 <= ctas_per_sm <= MAX_CTAS_PER_SM):
+        raise ValueError(f"ctas_per_sm must be None or an integer in [1, {MAX_CTAS_PER_SM}] (CTAs of the paged "
                          f"kernel per SM), got {ctas_per_sm!r}")
     summary = batches.describe(lengths)
     # A class of empty sequences is as near as one of single keys: distances are in log2.
@@ -144,7 +143,7 @@ def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_head
     rows = [r for r in table if tuple(r[c] for c in HEAD_COLUMNS) == head]
     config = f"{dtype} D{head_dim} Hq{q_heads}/Hkv{kv_heads} Sq{q_len}"
 
-    def live_defaults(why: str) -> LiveKnobs:
+    def beyond_the_classes(why: str) -> LiveKnobs:
         if ctas_per_sm is not None:
             return model_knobs(lengths, kv_heads, q_rows, num_sms, ctas_per_sm, why)
         bkv, min_blocks, bound = live.resolve_knobs(batch, head_dim, kv_heads, q_rows, num_sms)
@@ -153,13 +152,13 @@ def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_head
                          f"{live.explain_knobs(batch, head_dim, kv_heads, q_rows, num_sms)}")
 
     if not rows:
-        return live_defaults(f"no batch-table row for {config} (of its {len(table)} rows)" if table
+        return beyond_the_classes(f"no batch-table row for {config} (of its {len(table)} rows)" if table
                              else f"no batch table for {config}")
     distance_q, row = min(((class_distance_q(r, batch, len_max, len_mean, page_size), r) for r in rows),
                           key=lambda pair: (pair[0], class_order(pair[1])))
     distance = distance_q / DISTANCE_ONE
     if distance_q > max_class_distance_q():
-        return live_defaults(f"batch table, {config}: the nearest class of {len(rows)} to "
+        return beyond_the_classes(f"batch table, {config}: the nearest class of {len(rows)} to "
                              f"{_describe(batch, len_max, len_mean, page_size)} is {row['lengths']} at distance "
                              f"{distance:.2f}, more than {MAX_CLASS_DISTANCE} (batch_select.MAX_CLASS_DISTANCE)")
     # The reader checked the row; resolve_knobs checks knobs from a table built any other way.

@@ -323,59 +323,64 @@ def cross_validate_batches(grid_paths, csv_paths, gpu, num_sms, ctas_per_sm, out
     from the others, and every rule timed by the batch's own rows."""
     import dataclasses
     from splitkv_tune import batch_evaluation, batch_sweep
-    from splitkv_tune.batch_table import tag_run
-    from splitkv_tune.gpu_profiles import PROFILES
     from splitkv_tune.gpus import resolve_gpu
-    from splitkv_tune.table import atomic_write_text
     check_output(out_md, "--out-md")
-    if num_sms is None:
-        profile = PROFILES.get(resolve_gpu(gpu))
-        if profile is None:
-            raise click.UsageError(f"no profile for GPU {gpu!r} (configs/gpus.yaml): give --num-sms")
-        num_sms = profile["sms"]
+    num_sms = num_sms or _profile_sms(gpu)
     grids = [batch_sweep.load_batch_grid(p) for p in grid_paths]
     by_key = {b.key(): b for g in grids for b in g.batches}  # a batch in several grids: the last one's
     grid = dataclasses.replace(grids[0], batches=tuple(by_key.values()), source=", ".join(g.source for g in grids))
-    # A batch timed in several CSVs: the last one's rows, as batch-table takes them (one run per batch).
-    rows, later = [], set()
-    for path in reversed(csv_paths):
-        mine = tag_run(batch_sweep.read_rows(path), path)
-        keys = {tuple(r[c] for c in batch_sweep.KEY_COLUMNS) for r in mine}
-        rows = [r for r in mine if tuple(r[c] for c in batch_sweep.KEY_COLUMNS) not in later] + rows
-        later |= keys
+    rows = batch_evaluation.last_run_rows(csv_paths)
     records = batch_evaluation.leave_one_out_records(grid, rows, resolve_gpu(gpu), num_sms, ctas_per_sm)
     if not records:
         raise click.UsageError(f"no batch of {grid.source} has timed rows in {', '.join(csv_paths)}")
-    report = batch_evaluation.markdown_report(
-        records, f"Batch selector regret, each batch held out in turn: {grid.source} on {resolve_gpu(gpu)} "
-                 f"({num_sms} SMs, {_residency_text(ctas_per_sm)}), rows of {', '.join(csv_paths)}")
-    click.echo(report)
-    if out_md:
-        atomic_write_text(out_md, report)
+    _report(records, f"Batch selector regret, each batch held out in turn: {grid.source} on {resolve_gpu(gpu)} "
+                     f"({num_sms} SMs, {_residency_text(ctas_per_sm)}), rows of {', '.join(csv_paths)}", out_md)
 
 
 def _residency_text(ctas_per_sm) -> str:
     if ctas_per_sm is None:
         return "no CTAs per SM: the selector's model off"
-    if isinstance(ctas_per_sm, ResidencyByHeadDim):
-        return str(ctas_per_sm)
-    if callable(ctas_per_sm):
-        return "the device's CTAs per SM for each batch"
-    return f"{ctas_per_sm} CTAs per SM"
+    return f"{ctas_per_sm} CTAs per SM" if isinstance(ctas_per_sm, int) else str(ctas_per_sm)
 
 
-def _device_residency(live):
-    """The selector's ``ctas_per_sm`` for each batch on the current device, asked once per batch."""
-    known: dict[tuple, int] = {}
+class DeviceResidency:
+    """The selector's ``ctas_per_sm`` for each batch on the current device
+    (``live.launch_ctas_per_sm``), asked once per head configuration and batch size."""
 
-    def of(batch):
+    def __init__(self):
+        self.known: dict[tuple, int] = {}
+
+    def __call__(self, batch) -> int:
+        from splitkv_tune import live
         h = batch.head
         key = (*(h[c] for c in ("dtype", "head_dim", "q_heads", "kv_heads", "q_len")), len(batch.lengths))
-        if key not in known:
-            known[key] = live.launch_ctas_per_sm(h["dtype"], h["head_dim"], len(batch.lengths), h["q_heads"],
-                                                 h["kv_heads"], h["q_len"])
-        return known[key]
-    return of
+        if key not in self.known:
+            self.known[key] = live.launch_ctas_per_sm(h["dtype"], h["head_dim"], len(batch.lengths), h["q_heads"],
+                                                      h["kv_heads"], h["q_len"])
+        return self.known[key]
+
+    def __str__(self) -> str:
+        return "the device's CTAs per SM for each batch"
+
+
+def _profile_sms(gpu) -> int:
+    """The SM count of ``gpu``'s profile (configs/gpus.yaml); a usage error without one."""
+    from splitkv_tune.gpu_profiles import PROFILES
+    from splitkv_tune.gpus import resolve_gpu
+    profile = PROFILES.get(resolve_gpu(gpu))
+    if profile is None:
+        raise click.UsageError(f"no profile for GPU {gpu!r} (configs/gpus.yaml): give --num-sms")
+    return profile["sms"]
+
+
+def _report(records: list[dict], title: str, out_md) -> None:
+    """The regret report of ``records`` on stdout, and in ``out_md`` when given."""
+    from splitkv_tune.batch_evaluation import markdown_report
+    from splitkv_tune.table import atomic_write_text
+    report = markdown_report(records, title)
+    click.echo(report)
+    if out_md:
+        atomic_write_text(out_md, report)
 
 
 @click.command("evaluate-batches")
@@ -399,14 +404,12 @@ def evaluate_batches(grid_path, table_path, gpu, csv_path, num_sms, report_only,
     batches, each against the batch's oracle (the fastest point of an exhaustive search)."""
     from splitkv_tune import batch_evaluation, batch_sweep
     from splitkv_tune.batch_table_json import read_batch_table_file
-    from splitkv_tune.gpu_profiles import PROFILES
     from splitkv_tune.gpus import resolve_gpu
-    from splitkv_tune.table import atomic_write_csv, atomic_write_text
+    from splitkv_tune.table import atomic_write_csv
     for path, hint in ((out_md, "--out-md"), (out_csv, "--out-csv"), (csv_path, "--csv")):
         check_output(path, hint)
     grid = batch_sweep.load_batch_grid(grid_path)
     table = read_batch_table_file(table_path, gpu=gpu)
-    profile = PROFILES.get(resolve_gpu(gpu))
     if not report_only:
         _check_cuda()
         import torch
@@ -418,12 +421,9 @@ def evaluate_batches(grid_path, table_path, gpu, csv_path, num_sms, report_only,
         if ctas_per_sm is not None:
             raise click.BadParameter("applies to --report-only: when timing, the device's is taken for each batch",
                                      param_hint="--ctas-per-sm")
-        from splitkv_tune import live
-        ctas_per_sm = _device_residency(live)
+        ctas_per_sm = DeviceResidency()
     elif num_sms is None:
-        if profile is None:
-            raise click.UsageError(f"no profile for GPU {gpu!r} (configs/gpus.yaml): give --num-sms")
-        num_sms = profile["sms"]
+        num_sms = _profile_sms(gpu)
     batch_sweep.read_rows(csv_path)  # a CSV in other columns is refused before any timing
     try:
         timed_grid = batch_evaluation.with_rule_plans(grid, table, num_sms, ctas_per_sm)
@@ -436,12 +436,8 @@ def evaluate_batches(grid_path, table_path, gpu, csv_path, num_sms, report_only,
         raise click.UsageError(f"{csv_path} has no timed rows of any batch of {grid.source}: time them first "
                                "(without --report-only), or give the CSV that evaluate-batches wrote for this grid")
     records = [{"gpu": resolve_gpu(gpu), "num_sms": num_sms, **r} for r in records]
-    report = batch_evaluation.markdown_report(
-        records, f"Batch selector regret: {grid.source} on {resolve_gpu(gpu)} ({num_sms} SMs, "
-                 f"{_residency_text(ctas_per_sm)}), table {table_path}")
-    click.echo(report)
-    if out_md:
-        atomic_write_text(out_md, report)
+    _report(records, f"Batch selector regret: {grid.source} on {resolve_gpu(gpu)} ({num_sms} SMs, "
+                     f"{_residency_text(ctas_per_sm)}), table {table_path}", out_md)
     if out_csv:
         import pandas as pd
         atomic_write_csv(out_csv, pd.DataFrame(records))

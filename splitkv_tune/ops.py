@@ -373,7 +373,8 @@ def _live_call(q, k, v, cache_seqlens, block_table, causal, softmax_scale, num_s
                 _LIVE_LAUNCHES.clear()
             _LIVE_LAUNCHES[key] = launch
     splits, bkv, threads, policy, fused, min_blocks, choices, capacity, scale = launch
-    _check_workspace(q, workspace)
+    if compiling:  # eagerly the extension checks the workspace as it launches
+        _check_workspace(q, workspace)
     if check_inputs and not compiling and not torch.cuda.is_current_stream_capturing():
         plan.check_live_values(k, cache_seqlens, block_table, capacity)
     call = _attention_op if compiling else _extension().forward

@@ -476,13 +476,11 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_model_score(const Length* lengths, in
   const int block_kv = kLiveDefaultBlockKV;
   const int64_t tiles = int64_t(kv_heads) * num_m_blocks(packed_rows);
   const int64_t ctas = int64_t(num_sms) * ctas_per_sm;
-  int most_splits = 1;
-  for (int b = 0; b < batch; ++b) {
-    const int splits = live_splits(int(lengths[b]), block_kv, min_blocks, max_splits);
-    most_splits = most_splits > splits ? most_splits : splits;
-  }
+  // The most-split sequence is the longest: live_splits grows with the length.
+  int longest = 0;
+  for (int b = 0; b < batch; ++b) longest = longest > int(lengths[b]) ? longest : int(lengths[b]);
   return live_plan_knob_estimate(lengths, batch, tiles, ctas, block_kv, min_blocks, max_splits) / ctas +
-         int64_t(kLiveModelMergeCost16) * most_splits;
+         int64_t(kLiveModelMergeCost16) * live_splits(longest, block_kv, min_blocks, max_splits);
 }
 
 // The least-score candidate (above), with its score.
