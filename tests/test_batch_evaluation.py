@@ -166,7 +166,8 @@ def batch_classes(path):
     return grid, out
 
 
-@pytest.mark.parametrize("training", ["batches.yaml", "batches_dense.yaml", "batches_split_plan.yaml"])
+@pytest.mark.parametrize("training", ["batches.yaml", "batches_dense.yaml", "batches_split_plan.yaml",
+                                      "batches_head_dims.yaml"])
 def test_the_held_out_batches_are_skewed_and_apart_from_the_tables_grids(training):
     held_out, held_classes = batch_classes(CONFIGS / "batches_holdout.yaml")
     grid, trained = batch_classes(CONFIGS / training)
@@ -178,7 +179,8 @@ def test_the_held_out_batches_are_skewed_and_apart_from_the_tables_grids(trainin
 
 @pytest.mark.parametrize("held,size", [("batches_holdout_models.yaml", 30), ("batches_holdout_models2.yaml", 18)])
 @pytest.mark.parametrize("training", ["batches.yaml", "batches_dense.yaml", "batches_split_plan.yaml",
-                                      "batches_holdout.yaml", "batches_holdout_models.yaml"])
+                                      "batches_head_dims.yaml", "batches_holdout.yaml",
+                                      "batches_holdout_models.yaml"])
 def test_the_held_out_model_batches_are_real_heads_apart_from_every_other_grid(held, size, training):
     if held == training:
         return
