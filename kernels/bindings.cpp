@@ -22,6 +22,7 @@
 #include "splitkv/rules.h"
 #include "splitkv/tunables.h"
 #include "splitkv/counter_pool.h"
+#include "live_launch_cache.h"
 #include "plan_cache.h"
 
 namespace py = pybind11;
@@ -423,6 +424,43 @@ int64_t live_check(py::handle seqlens_obj, py::handle block_table_obj, int batch
   return first_bad.item<int64_t>();
 }
 
+// splitkv_attention's eager paged / variable-length call in one crossing: the launch of the call
+// signature (ops._live_launch checks the arguments on a signature's first call), check_inputs'
+// value checks on the device unless capturing, the allocations and the launch. Returns out, or
+// (out, lse) with return_lse.
+py::object live_attention(py::handle q, py::handle k, py::handle v, py::handle seqlens, py::handle block_table,
+                          py::handle causal, py::handle softmax_scale, py::handle num_splits, py::handle block_kv,
+                          py::handle reduce_threads, py::handle split_policy, py::handle merge, py::handle workspace,
+                          py::handle return_lse, py::handle enable_pdl, py::handle max_splits,
+                          py::handle min_blocks_per_split, py::handle split_plan, py::handle check_inputs) {
+  py::handle const tensors[kLiveTensors] = {q, k, v, seqlens, block_table};
+  py::handle const scalars[kLiveScalars] = {causal, softmax_scale, num_splits, block_kv, reduce_threads,
+                                            split_policy, merge, enable_pdl, max_splits, min_blocks_per_split,
+                                            split_plan, check_inputs};
+  const std::shared_ptr<const LiveLaunch> launch_of = live_launch_for(tensors, scalars);
+  const LiveLaunch& a = *launch_of;
+  // ops._live_launch refused a check_inputs other than True or False.
+  if (check_inputs.ptr() == Py_True) {
+    const at::Tensor& pool = THPVariable_Unpack(k.ptr());
+    const c10::cuda::CUDAGuard guard(pool.device());
+    if (!capturing(c10::cuda::getCurrentCUDAStream(pool.device().index()).stream())) {
+      const int64_t batch = block_table.is_none() ? pool.size(0) : THPVariable_Unpack(block_table.ptr()).size(0);
+      const int64_t bad = live_check(seqlens, block_table, int(batch), a.capacity, int(pool.size(1)),
+                                     int(pool.size(0)));
+      if (bad >= 0) {
+        py::module_::import("splitkv_tune.plan").attr("raise_live_value_error")(bad, k, seqlens, block_table,
+                                                                                 a.capacity);
+      }
+    }
+  }
+  const int with_lse = PyObject_IsTrue(return_lse.ptr());
+  if (with_lse < 0) throw py::error_already_set();
+  auto [out, lse] = launch(q, k, v, workspace, a.causal, a.softmax_scale, a.args, with_lse == 1,
+                           enable_pdl.ptr() == Py_True, seqlens, block_table, a.min_blocks_per_split, a.plan_choices);
+  if (!with_lse) return py::cast(out);
+  return py::make_tuple(out, lse);
+}
+
 // The combine kernel alone on fp32 partials O [S, B, Hkv, Sq*G, D], m and l [S, B, Hkv, Sq*G]
 // (contiguous, checked by ops.combine_partials) into out (B, Sq, Hkv*G, D) and lse (B, Hkv*G, Sq).
 void combine(const at::Tensor& o_part, const at::Tensor& m, const at::Tensor& l, const at::Tensor& out,
@@ -440,8 +478,12 @@ void combine(const at::Tensor& o_part, const at::Tensor& m, const at::Tensor& l,
 PYBIND11_MODULE(_C, m) {
   m.doc() = "split-KV FlashAttention forward kernels (CUTLASS/CuTe)";
   m.def("attention", &attention, "splitkv_attention's eager equal-length call: checks, plan, allocations, launch");
-  m.def("clear_plans", [] { plan_cache()->clear(); },
-        "Forget the eager call's plans (selector.clear_lookup_caches calls it after the tables change)");
+  m.def("clear_plans", [] {
+    plan_cache()->clear();
+    live_launch_cache()->clear();
+  }, "Forget the eager calls' plans (selector.clear_lookup_caches calls it after the tables change)");
+  m.def("live_attention", &live_attention,
+        "splitkv_attention's eager paged / variable-length call: launch of the signature, checks, allocations, launch");
   m.def("forward", &forward, "Launch the split kernel (and the combine kernel) for checked inputs");
   m.def("read_eager_counters", &read_eager_counters, "The fused merge's eager counters of (device, stream)");
   m.def("live_check", &live_check, "check_inputs' value checks of a paged / variable-length call on the device");

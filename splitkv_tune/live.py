@@ -23,7 +23,6 @@ cache's capacity. The knobs are fixed per call signature (and so at capture):
 from __future__ import annotations
 
 import functools
-import numbers
 
 import torch
 
@@ -198,24 +197,6 @@ def _launch_knobs(device_index: int, dtype: str, batch: int, head_dim: int, kv_h
     return bkv, min_blocks, splits, resolve_merge(shape, Config(num_splits=splits), merge) == "fused", choices
 
 
-def call_signature(q, k, v, cache_seqlens, block_table, scalars: tuple) -> tuple | None:
-    """Everything but the tensors' data that decides a paged call's checks and launch arguments
-    (each tensor's type, dtype, device, shape and strides; each scalar with its type, so that
-    ``1`` is not taken for ``True``), hashable; None when something is not a tensor, or a scalar
-    is not a number, a string or None (a 0-d tensor passed as a knob hashes by identity and could
-    change in place), and the call is checked from scratch."""
-    if not all(x is None or isinstance(x, (str, numbers.Number)) for x in scalars):
-        return None
-    try:
-        key = (tuple(None if t is None else (type(t), t.dtype, t.device, t.shape, t.stride())
-                     for t in (q, k, v, cache_seqlens, block_table)),
-               tuple((x, type(x)) for x in scalars))
-        hash(key)
-    except (AttributeError, TypeError):
-        return None
-    return key
-
-
 def launch_args(q, k, v, *, cache_seqlens, block_table, causal, block_kv, min_blocks_per_split, max_splits,
                 split_plan, num_splits, split_policy, reduce_threads, merge, check_inputs) -> tuple:
     """Checks one paged / variable-length call (see ``splitkv_attention``) but its data (the
@@ -223,8 +204,9 @@ def launch_args(q, k, v, *, cache_seqlens, block_table, causal, block_kv, min_bl
     ``softmax_scale``, then the cache's capacity: ``(splits, block_kv, reduce_threads, policy
     code, fused, min_blocks_per_split, plan choices, capacity)``. Without ``cache_seqlens``
     every sequence holds the cache's whole capacity: one split count for the batch, from the
-    plan, and the knob as resolved. A function of ``call_signature`` alone (where that is not
-    None), so a caller may keep its result per signature."""
+    plan, and the knob as resolved. A function of the call's signature alone (each tensor's type,
+    dtype, device, shape and strides; each other argument with its type), so a caller may keep
+    its result per signature, as the extension's eager paged call does."""
     from splitkv_tune.ops import _DTYPES
 
     kv_heads, group = check_qkv(q, k, v)

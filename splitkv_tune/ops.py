@@ -328,9 +328,13 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
     The checks that need no data run on a call signature's first call only.
     """
     if cache_seqlens is not None or block_table is not None:
-        return _live_call(q, k, v, cache_seqlens, block_table, causal, softmax_scale, num_splits, block_kv,
-                          reduce_threads, split_policy, merge, workspace, return_lse, enable_pdl, max_splits,
-                          min_blocks_per_split, split_plan, check_inputs)
+        if torch.compiler.is_compiling():
+            return _traced_live_call(q, k, v, cache_seqlens, block_table, causal, softmax_scale, num_splits,
+                                     block_kv, reduce_threads, split_policy, merge, workspace, return_lse,
+                                     enable_pdl, max_splits, min_blocks_per_split, split_plan, check_inputs)
+        return _extension().live_attention(q, k, v, cache_seqlens, block_table, causal, softmax_scale, num_splits,
+                                           block_kv, reduce_threads, split_policy, merge, workspace, return_lse,
+                                           enable_pdl, max_splits, min_blocks_per_split, split_plan, check_inputs)
     if not (max_splits == "auto" and min_blocks_per_split == "auto" and split_plan == "fixed"):
         raise ValueError("max_splits, min_blocks_per_split and split_plan apply to paged or variable-length "
                          "batches (cache_seqlens or block_table); an equal-length batch takes num_splits")
@@ -343,43 +347,31 @@ def splitkv_attention(q, k, v, *, causal=False, softmax_scale=None, num_splits="
                                   split_policy, merge, workspace, return_lse, enable_pdl)
 
 
-# The launch arguments of paged calls by call signature (live.call_signature): a repeated call
-# skips the Python checks that depend on the signature alone.
-_LIVE_LAUNCHES: dict = {}
-_MAX_LIVE_LAUNCHES = 1024
+def _live_launch(q, k, v, cache_seqlens, block_table, causal, softmax_scale, num_splits, block_kv, reduce_threads,
+                 split_policy, merge, enable_pdl, max_splits, min_blocks_per_split, split_plan, check_inputs) -> tuple:
+    """A paged / variable-length call's launch: ``live.launch_args``'s tuple (every check but the
+    data's), then the softmax scale and causal. The extension's ``live_attention`` keeps it per
+    call signature (``kernels/live_launch_cache.h``), so a repeated eager call runs no Python."""
+    from splitkv_tune import live
+
+    args = live.launch_args(q, k, v, cache_seqlens=cache_seqlens, block_table=block_table, causal=causal,
+                            block_kv=block_kv, min_blocks_per_split=min_blocks_per_split, max_splits=max_splits,
+                            split_plan=split_plan, num_splits=num_splits, split_policy=split_policy,
+                            reduce_threads=reduce_threads, merge=merge, check_inputs=check_inputs)
+    return (*args, _check_scalars(softmax_scale, merge, enable_pdl, int(q.shape[3])), bool(causal))
 
 
-def _live_call(q, k, v, cache_seqlens, block_table, causal, softmax_scale, num_splits, block_kv, reduce_threads,
-               split_policy, merge, workspace, return_lse, enable_pdl, max_splits, min_blocks_per_split,
-               split_plan, check_inputs):
-    """A paged / variable-length call (:mod:`splitkv_tune.live`), eager or traced."""
-    from splitkv_tune import live, plan
-
-    compiling = torch.compiler.is_compiling()
-    key = None if compiling else live.call_signature(
-        q, k, v, cache_seqlens, block_table, (causal, softmax_scale, num_splits, block_kv, reduce_threads,
-                                              split_policy, merge, enable_pdl, max_splits, min_blocks_per_split,
-                                              split_plan, check_inputs))
-    launch = _LIVE_LAUNCHES.get(key) if key is not None else None
-    if launch is None:
-        args = live.launch_args(q, k, v, cache_seqlens=cache_seqlens, block_table=block_table, causal=causal,
-                                block_kv=block_kv, min_blocks_per_split=min_blocks_per_split,
-                                max_splits=max_splits, split_plan=split_plan, num_splits=num_splits,
-                                split_policy=split_policy, reduce_threads=reduce_threads, merge=merge,
-                                check_inputs=check_inputs)
-        launch = (*args, _check_scalars(softmax_scale, merge, enable_pdl, int(q.shape[3])))
-        if key is not None:
-            if len(_LIVE_LAUNCHES) >= _MAX_LIVE_LAUNCHES:
-                _LIVE_LAUNCHES.clear()
-            _LIVE_LAUNCHES[key] = launch
-    splits, bkv, threads, policy, fused, min_blocks, choices, capacity, scale = launch
-    if compiling:  # eagerly the extension checks the workspace as it launches
-        _check_workspace(q, workspace)
-    if check_inputs and not compiling and not torch.cuda.is_current_stream_capturing():
-        plan.check_live_values(k, cache_seqlens, block_table, capacity)
-    call = _attention_op if compiling else _extension().forward
-    out, lse = call(q, k, v, workspace, bool(causal), scale, splits, bkv, threads, policy, bool(return_lse), fused,
-                    enable_pdl, cache_seqlens, block_table, min_blocks, choices)
+def _traced_live_call(q, k, v, cache_seqlens, block_table, causal, softmax_scale, num_splits, block_kv,
+                      reduce_threads, split_policy, merge, workspace, return_lse, enable_pdl, max_splits,
+                      min_blocks_per_split, split_plan, check_inputs):
+    """A paged / variable-length call under torch.compile: the launch resolved at trace time,
+    the data unchecked (as under capture), the registered op."""
+    splits, bkv, threads, policy, fused, min_blocks, choices, _, scale, causal = _live_launch(
+        q, k, v, cache_seqlens, block_table, causal, softmax_scale, num_splits, block_kv, reduce_threads,
+        split_policy, merge, enable_pdl, max_splits, min_blocks_per_split, split_plan, check_inputs)
+    _check_workspace(q, workspace)
+    out, lse = _attention_op(q, k, v, workspace, causal, scale, splits, bkv, threads, policy, bool(return_lse),
+                             fused, enable_pdl, cache_seqlens, block_table, min_blocks, choices)
     return (out, lse) if return_lse else out
 
 

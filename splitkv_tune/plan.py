@@ -124,8 +124,13 @@ def check_live_values(k: torch.Tensor, cache_seqlens, block_table, capacity: int
     sequence's live keys use within the pool; ``ValueError`` naming the first bad entry. This
     waits for the GPU."""
     key = first_bad_live_value(k, cache_seqlens, block_table, capacity)
-    if key < 0:
-        return
+    if key >= 0:
+        raise_live_value_error(key, k, cache_seqlens, block_table, capacity)
+
+
+def raise_live_value_error(key: int, k: torch.Tensor, cache_seqlens, block_table, capacity: int) -> None:
+    """``ValueError`` naming the entry of ``first_bad_live_value``'s ``key`` (>= 0) and its value
+    (the extension's eager paged call raises it after its own check)."""
     batch = block_table.shape[0] if block_table is not None else k.shape[0]
     if key < batch:
         n = int(cache_seqlens[key])

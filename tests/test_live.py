@@ -101,26 +101,3 @@ def test_select_paged_prints_the_knobs_the_call_uses():
     assert f"paged knobs: block_kv=64 min_blocks_per_split={want[1]} max_splits={want[2]}" in text
     bad = CliRunner().invoke(main, args[:3] + ["no_such_gpu"] + args[4:])
     assert bad.exit_code != 0 and "Traceback" not in bad.output
-
-
-def test_the_call_signature_tells_types_and_layouts_apart():
-    q, k = torch.zeros(2, 1, 4, 64), torch.zeros(8, 16, 1, 64)
-    table = torch.zeros(2, 4, dtype=torch.int32)
-    lens = torch.zeros(2, dtype=torch.int32)
-
-    def sig(*scalars, q=q, table=table):
-        return live.call_signature(q, k, k, lens, table, scalars)
-    assert sig(True, 64) == sig(True, 64)
-    assert sig(True, 64) != sig(1, 64) and sig(1.0, 64) != sig(1, 64)  # True == 1 == 1.0, but not as arguments
-    assert sig(True, 64) != sig(True, 64, q=q.transpose(1, 2))  # another shape
-    assert sig(True, 64) != sig(True, 64, table=torch.zeros(4, 2, dtype=torch.int32).t())  # another layout
-    assert live.call_signature(q, k, k, None, table, (True,)) != live.call_signature(q, k, k, lens, table, (True,))
-    assert sig([1.0]) is None  # unhashable: checked from scratch
-    assert live.call_signature(q.numpy(), k, k, lens, table, (True,)) != sig(True)
-    assert live.call_signature("q", k, k, lens, table, (True,)) is None
-
-
-def test_a_knob_passed_as_a_tensor_is_checked_every_call():
-    q, k = torch.zeros(2, 1, 4, 64), torch.zeros(8, 16, 1, 64)
-    assert live.call_signature(q, k, k, None, None, (torch.tensor(16),)) is None  # it may change in place
-    assert live.call_signature(q, k, k, None, None, (np.int32(16), None, "auto", 0.5)) is not None

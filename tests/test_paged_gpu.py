@@ -350,6 +350,31 @@ def test_a_repeated_call_is_still_checked(ops, cuda_gen):
         ops.splitkv_attention(q, k, v, cache_seqlens=seqlens, block_table=table, workspace=table)
 
 
+def test_the_cached_launch_follows_the_call_signature(ops, cuda_gen):
+    """The extension keeps a paged call's launch per signature (kernels/live_launch_cache.h): a
+    table of another layout, another knob, a knob of another type or a tensor knob is another
+    signature (or none), each call right."""
+    lengths = [3000, 5]
+    q, k, v, table, keys = _batch(cuda_gen, lengths, page_size=64)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    call = lambda **kw: ops.splitkv_attention(q, k, v, cache_seqlens=seqlens, return_lse=True,
+                                              **{"block_table": table, **kw})
+    first = call(max_splits=8)
+    strided = torch.empty(table.shape[1], table.shape[0], dtype=torch.int32, device="cuda").t().copy_(table)
+    assert strided.stride() != table.stride()
+    for again in (call(max_splits=8), call(block_table=strided, max_splits=8), call(max_splits=8, causal=0),
+                  call(max_splits=8, softmax_scale=1 / 128 ** 0.5)):
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    _check(q, *call(max_splits=2, min_blocks_per_split=1), keys, lengths, False)
+    with pytest.raises(ValueError, match="max_splits"):
+        call(max_splits=0)
+    with pytest.raises(ValueError, match="split_plan"):
+        call(split_plan="Fixed")
+    from splitkv_tune import selector
+    selector.clear_lookup_caches()
+    assert torch.equal(call(max_splits=8)[0], first[0])
+
+
 def test_a_batch_whose_schedule_does_not_fit_is_refused(ops):
     # 8 bytes of the persistent schedule's shared memory per sequence (rules.h): 32768 sequences
     # need 256 KiB, more than any GPU gives a CTA.
