@@ -181,7 +181,8 @@ for mode in "$@"; do
       grid=${HOLDOUT_GRID:-configs/batches_holdout.yaml}
       name=$(basename "$grid" .yaml); name=${name#batches_}
       splitkv-tune batch-table results/$gpu/batches/batches.csv results/$gpu/batches/batches_dense.csv \
-        results/$gpu/batches/batches_split_plan.csv --gpu "$flag" -o results/$gpu/batch_table.csv \
+        results/$gpu/batches/batches_head_dims.csv results/$gpu/batches/batches_split_plan.csv --gpu "$flag" \
+        -o results/$gpu/batch_table.csv \
         2>&1 | tee -a "$out/batch_evaluate.log"
       timeout ${BATCH_EVALUATE_TIMEOUT:-400} splitkv-tune evaluate-batches --grid "$grid" \
         --gpu "$flag" --batch-table results/$gpu/batch_table.csv --csv results/$gpu/batches/$name.csv \
