@@ -196,6 +196,11 @@ for mode in "$@"; do
       # a part, so a 10-minute call sweeps part of it; a kill loses no finished trial).
       part=${DENSE_PART:-bf16_d128}
       dir=results/$gpu/dense_decode/$part
+      if [ -f "$dir/trials.csv" ] && [ ! -f "$dir/optuna.journal" ]; then
+        echo "dense-part: $dir/optuna.journal is missing (git-ignored: name it in run's carry); not sweeping" \
+          | tee -a "$out/dense_part.log"
+        continue
+      fi
       timeout ${DENSE_TIMEOUT:-300} splitkv-tune sweep --gpu "$flag" --grid configs/dense_decode.yaml \
         --dtype ${part%%_*} --head-dim ${part##*_d} --sampler tpe --trials 24 --out "$dir" --no-progress \
         $( [ -f "$dir/optuna.journal" ] && echo --resume ) 2>&1 | tail -8 | tee -a "$out/dense_part.log"
