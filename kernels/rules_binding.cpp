@@ -43,21 +43,17 @@ py::tuple as_tuple(const int (&values)[N]) {
   return t;
 }
 
-// Live lengths in [0, kMaxKeys] (ValueError naming the function otherwise); returns their blocks of
-// block_kv keys.
-int64_t checked_lengths(const char* name, const std::vector<int>& lengths, int block_kv) {
-  int64_t blocks = 0;
+// Live lengths in [0, kMaxKeys]; ValueError naming the function otherwise.
+void check_lengths(const char* name, const std::vector<int>& lengths) {
   for (int n : lengths) {
     if (n < 0 || n > rules::kMaxKeys) throw py::value_error(std::string(name) + ": a length outside [0, MAX_KEYS]");
-    blocks += rules::ceil_div(n, block_kv);
   }
-  return blocks;
 }
 
-// A knob of min_blocks_per_split blocks of block_kv keys: positive, and at most a split of the
-// longest sequence (kMaxKeys keys), so that the split count's rounding stays in int.
+// A knob of min_blocks_per_split blocks of block_kv keys within [1, max_min_blocks_per_split].
 bool min_blocks_ok(int min_blocks_per_split, int block_kv) {
-  return block_kv >= 1 && min_blocks_per_split >= 1 && min_blocks_per_split <= rules::kMaxKeys / block_kv;
+  return block_kv >= 1 && min_blocks_per_split >= 1 &&
+         min_blocks_per_split <= rules::max_min_blocks_per_split(block_kv);
 }
 
 // The arguments of the load-aware plan's host functions: lengths in [0, kMaxKeys], the rest
@@ -65,7 +61,7 @@ bool min_blocks_ok(int min_blocks_per_split, int block_kv) {
 // ValueError naming the function otherwise.
 void check_live_plan_args(const char* name, const std::vector<int>& lengths, int64_t tiles, int64_t ctas,
                           int block_kv, int min_blocks_per_split, int max_splits) {
-  if (block_kv >= 1) checked_lengths(name, lengths, block_kv);
+  check_lengths(name, lengths);
   if (lengths.empty() || tiles < 1 || ctas < 1 || ctas > rules::kMaxLiveCtas ||
       !min_blocks_ok(min_blocks_per_split, block_kv) || max_splits < 1) {
     throw py::value_error(std::string(name) + " needs lengths, tiles, block_kv, max_splits >= 1, "
@@ -78,7 +74,8 @@ void check_live_plan_args(const char* name, const std::vector<int>& lengths, int
 // condition that fails otherwise.
 void check_live_model_args(const char* name, const std::vector<int>& lengths, int64_t kv_heads, int64_t packed_rows,
                            int64_t num_sms, int64_t ctas_per_sm) {
-  const int64_t blocks = checked_lengths(name, lengths, rules::kLiveDefaultBlockKV);
+  check_lengths(name, lengths);
+  const int64_t blocks = rules::live_blocks(lengths.data(), int(lengths.size()), rules::kLiveDefaultBlockKV);
   check_live_knob_args(name, int64_t(lengths.size()), kv_heads, packed_rows, num_sms);
   if (ctas_per_sm < 1 || ctas_per_sm > rules::kMaxCtasPerSm) {
     throw py::value_error(std::string(name) + " needs ctas_per_sm in [1, " + std::to_string(rules::kMaxCtasPerSm) +
@@ -205,6 +202,10 @@ PYBIND11_MODULE(_rules, m) {
   live_model["max_splits"] = as_tuple(rules::kLiveModelMaxSplits);
   live_model["merge_cost16"] = rules::kLiveModelMergeCost16;
   live_model["max_ctas_per_sm"] = rules::kMaxCtasPerSm;
+  m.def("max_min_blocks_per_split", [](int block_kv) {
+    if (block_kv < 1) throw py::value_error("max_min_blocks_per_split needs block_kv >= 1");
+    return rules::max_min_blocks_per_split(block_kv);
+  }, py::arg("block_kv"));
   m.attr("LIVE_MODEL") = live_model;
   m.def("fused_merge_fits", &rules::fused_merge_fits, py::arg("packed_rows"), py::arg("head_dim"));
   m.def("workspace_sections", [](int num_splits, int batch, int q_heads, int q_len, int head_dim, bool live) {

@@ -173,7 +173,7 @@ def check_plan_knobs(block_kv: int, min_blocks_per_split: int, max_splits: int) 
     """``ValueError`` naming the knob that is out of range."""
     tunables.Config(block_kv=block_kv).validate()
     check_max_splits(max_splits)
-    most = _rules.MAX_KEYS // block_kv  # a split of the longest sequence: the rounding stays in int32
+    most = _rules.max_min_blocks_per_split(block_kv)
     if (not isinstance(min_blocks_per_split, int) or isinstance(min_blocks_per_split, bool)
             or not 1 <= min_blocks_per_split <= most):
         raise ValueError(f"min_blocks_per_split must be an integer in [1, {most}] (at block_kv {block_kv}), "

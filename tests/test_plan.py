@@ -35,6 +35,18 @@ def test_live_splits_follow_the_live_length():
             assert all(e > a for a, e in ranges)
 
 
+@pytest.mark.parametrize("block_kv", tunables.BLOCK_KV)
+def test_the_knob_bound_is_a_split_of_the_longest_sequence(block_kv):
+    most = _rules.max_min_blocks_per_split(block_kv)
+    assert most == _rules.MAX_KEYS // block_kv
+    assert plan.live_splits(_rules.MAX_KEYS, block_kv, most, 1) == 1
+    plan.check_plan_knobs(block_kv, most, 8)
+    with pytest.raises(ValueError, match=rf"min_blocks_per_split must be an integer in \[1, {most}\]"):
+        plan.check_plan_knobs(block_kv, most + 1, 8)
+    with pytest.raises(ValueError, match="live_splits needs"):
+        _rules.live_splits(100, block_kv, most + 1, 8)
+
+
 def _paged(k, v, page_size, width, gen):
     """k, v (B, Sk, H, D) into shuffled page pools and a block table `width` pages wide."""
     b, sk, h, d = k.shape

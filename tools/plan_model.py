@@ -140,15 +140,15 @@ def rank(paths, ctas_per_sm: int, sms: int) -> pd.DataFrame:
     if "split_plan" not in d:
         d = d.assign(split_plan="fixed")
     rows = []
-    for (label, q_heads, kv_heads, q_len, page), g in d.groupby(["label", "q_heads", "kv_heads", "q_len",
-                                                                 "page_size"]):
+    for (label, head_dim, q_heads, kv_heads, q_len, page), g in d.groupby(["label", "head_dim", "q_heads",
+                                                                           "kv_heads", "q_len", "page_size"]):
         lengths = list(parse_lengths(label))
         packed_rows = int(q_len) * int(q_heads // kv_heads)
         min_blocks, max_splits, _ = _rules.live_model_knobs(lengths, int(kv_heads), packed_rows, sms, ctas_per_sm)
         fixed = g[(g["block_kv"] == BLOCK_KV) & (g["split_plan"].isna() | (g["split_plan"] == "fixed"))
                   & (g["min_blocks_per_split"] == min_blocks) & (g["max_splits"] == max_splits)]
         auto = g.loc[g["impl"] == "ours", "median_us"]
-        rows.append({"batch": label, "kv_heads": kv_heads, "page": page, "pick": f"m{min_blocks} s{max_splits}",
+        rows.append({"batch": label, "head_dim": head_dim, "kv_heads": kv_heads, "page": page, "pick": f"m{min_blocks} s{max_splits}",
                      "pick_us": fixed["median_us"].min() if len(fixed) else np.nan,
                      "auto_us": auto.iloc[0] if len(auto) else np.nan, "best_us": g["median_us"].min()})
     r = pd.DataFrame(rows)

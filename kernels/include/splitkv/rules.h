@@ -107,6 +107,19 @@ SPLITKV_HOST_DEVICE constexpr int live_splits(int live_len, int block_kv, int mi
   return splits < 1 ? 1 : (splits > max_splits ? max_splits : splits);
 }
 
+// The largest min_blocks_per_split at block_kv: a split of the longest sequence (kMaxKeys keys),
+// so that live_splits' rounding stays in int.
+SPLITKV_HOST_DEVICE constexpr int max_min_blocks_per_split(int block_kv) { return kMaxKeys / block_kv; }
+
+// A batch's blocks of block_kv keys: the sum of ceil(len / block_kv) over its live lengths (each
+// in [0, kMaxKeys]).
+template <class Length>
+SPLITKV_HOST_DEVICE constexpr int64_t live_blocks(const Length* lengths, int batch, int block_kv) {
+  int64_t blocks = 0;
+  for (int b = 0; b < batch; ++b) blocks += ceil_div(int(lengths[b]), block_kv);
+  return blocks;
+}
+
 // The paged call's "auto" knobs (splitkv_tune/live.py says why each is what it is; the exported
 // C++ selector falls back to them for a batch its table has no class for). block_kv: the
 // default tile. Keys per split: what splitting `batch` sequences of kLiveTypicalLen keys over

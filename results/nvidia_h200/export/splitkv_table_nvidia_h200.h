@@ -160,6 +160,19 @@ SPLITKV_HOST_DEVICE constexpr int live_splits(int live_len, int block_kv, int mi
   return splits < 1 ? 1 : (splits > max_splits ? max_splits : splits);
 }
 
+// The largest min_blocks_per_split at block_kv: a split of the longest sequence (kMaxKeys keys),
+// so that live_splits' rounding stays in int.
+SPLITKV_HOST_DEVICE constexpr int max_min_blocks_per_split(int block_kv) { return kMaxKeys / block_kv; }
+
+// A batch's blocks of block_kv keys: the sum of ceil(len / block_kv) over its live lengths (each
+// in [0, kMaxKeys]).
+template <class Length>
+SPLITKV_HOST_DEVICE constexpr int64_t live_blocks(const Length* lengths, int batch, int block_kv) {
+  int64_t blocks = 0;
+  for (int b = 0; b < batch; ++b) blocks += ceil_div(int(lengths[b]), block_kv);
+  return blocks;
+}
+
 // The paged call's "auto" knobs (splitkv_tune/live.py says why each is what it is; the exported
 // C++ selector falls back to them for a batch its table has no class for). block_kv: the
 // default tile. Keys per split: what splitting `batch` sequences of kLiveTypicalLen keys over
@@ -1049,8 +1062,7 @@ inline bool select_live_knobs(int dtype, int head_dim, int q_heads, int kv_heads
   const int rows = static_cast<int>(packed_rows), sm_count = static_cast<int>(sms);
   const int block_kv = splitkv::rules::kLiveDefaultBlockKV;
   if (ctas_per_sm > 0) {
-    std::int64_t blocks = 0;
-    for (int i = 0; i < batch; ++i) blocks += (lengths[i] + block_kv - 1) / block_kv;
+    const std::int64_t blocks = splitkv::rules::live_blocks(lengths, batch, block_kv);
     if (!splitkv::rules::live_model_args_ok(batch, kv_heads, packed_rows, sms, ctas_per_sm, blocks)) return false;
     const splitkv::rules::LiveModelKnobs m =
         splitkv::rules::live_model_knobs(lengths, batch, kv_heads, rows, sm_count, ctas_per_sm);
