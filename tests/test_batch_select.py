@@ -139,7 +139,9 @@ def _model_choice(lengths, kv_heads, packed_rows, sms, ctas_per_sm):
     by one: what live_model_knobs must find."""
     model = _rules.LIVE_MODEL
     auto = live.resolve_knobs(len(lengths), 128, kv_heads, packed_rows, sms)[1:]
-    points = {auto, *((m, s) for m in model["min_blocks_per_split"] for s in model["max_splits"])}
+    wave = _rules.live_model_wave_splits(lengths, kv_heads, packed_rows, sms, ctas_per_sm) if ctas_per_sm == 1 else 0
+    bounds = (*model["max_splits"], wave) if wave else model["max_splits"]
+    points = {auto, *((m, s) for m in model["min_blocks_per_split"] for s in bounds)}
     scored = [(_rules.live_model_score(lengths, kv_heads, packed_rows, sms, ctas_per_sm, m, s), s, m)
               for m, s in points]
     score, bound, min_blocks = min(scored)
@@ -154,6 +156,48 @@ def test_the_model_takes_the_least_score_of_its_candidates(text, kv_heads, ctas_
     rows = 32 // kv_heads
     assert _rules.live_model_knobs(lengths, kv_heads, rows, 132, ctas_per_sm) == \
         _model_choice(lengths, kv_heads, rows, 132, ctas_per_sm)
+
+
+def test_the_one_wave_split_count_fills_the_resident_ctas_with_the_live_tiles():
+    # 5 sequences x 4 KV heads on 132 SMs x 1 CTA: 6 splits (120 items); empty slots do not count.
+    assert _rules.live_model_wave_splits([20000] * 5 + [0] * 3, 4, 2, 132, 1) == 6
+    assert _rules.live_model_wave_splits([20000] * 5, 4, 2, 132, 2) == 13
+    assert _rules.live_model_wave_splits([9] * 2, 1, 1, 132, 2) == 64  # 2 tiles: 132, capped at 64
+    rows = 512  # query tiles of several rows' blocks per KV head
+    assert _rules.live_model_wave_splits([9] * 3, 2, rows, 132, 2) == 264 // (6 * _rules.num_m_blocks(rows))
+    assert _rules.live_model_wave_splits([100] * 300, 1, 1, 132, 2) == 0  # the tiles fill a wave alone
+    assert _rules.live_model_wave_splits([0] * 4, 8, 4, 132, 2) == 0
+    # A candidate at one CTA per SM only: the H200's 5 x 20000 keys at head dim 256, Hq/Hkv 8/4 ran
+    # fastest at 6 splits; with two CTAs per SM the space's own points stand.
+    lengths = [20000] * 5
+    got = _rules.live_model_knobs(lengths, 4, 2, 132, 1)
+    assert got[1] == 6 and got[2] < min(_rules.live_model_score(lengths, 4, 2, 132, 1, m, s)
+                                        for m in (1, 2, 4, 8, 16) for s in (8, 16, 32, 64))
+    assert _rules.live_model_knobs(lengths, 4, 2, 132, 2)[1] in _rules.LIVE_MODEL["max_splits"]
+
+
+def test_at_one_cta_per_sm_idle_ctas_buy_the_model_less_speed():
+    """The rate floor of the model is the plan's with two CTAs per SM or more, and higher (less
+    gain from CTAs left idle) with one; the score uses it. At head dim 256 on the H200 (one CTA
+    per SM), 4 x 24000 keys with one KV head ran 128 items of 750 keys in 40.3 us and 96 of 1000
+    in 47.3: the model picks the full wave."""
+    plan_floor = _rules.live_model_rate_floor16(2)
+    assert [_rules.live_model_rate_floor16(c) for c in (2, 3, 32)] == [plan_floor] * 3
+    assert plan_floor < _rules.live_model_rate_floor16(1) < 16
+    lengths = [24000] * 4
+    for ctas_per_sm in (1, 2):
+        floor = _rules.live_model_rate_floor16(ctas_per_sm)
+        ctas = 132 * ctas_per_sm
+        for min_blocks, bound in ((1, 32), (16, 32), (4, 64)):
+            most = max(_rules.live_splits(n, 64, min_blocks, bound) for n in lengths)
+            want = (_rules.live_plan_knob_estimate(lengths, 1, ctas, 64, min_blocks, bound, floor) // ctas
+                    + _rules.LIVE_MODEL["merge_cost16"] * most)
+            assert _rules.live_model_score(lengths, 1, 8, 132, ctas_per_sm, min_blocks, bound) == want
+    assert _rules.live_model_knobs(lengths, 1, 8, 132, 1)[:2] == (1, 32)
+    with pytest.raises(ValueError, match=r"live_model_rate_floor16 needs ctas_per_sm in \[1, 32\], got 0"):
+        _rules.live_model_rate_floor16(0)
+    with pytest.raises(ValueError, match=r"rate_floor16 in \[1, 16\], got 17"):
+        _rules.live_plan_knob_estimate(lengths, 1, 132, 64, 1, 32, 17)
 
 
 def test_the_model_scores_the_launch_it_describes():

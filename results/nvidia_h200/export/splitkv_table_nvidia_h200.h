@@ -317,10 +317,12 @@ SPLITKV_HOST_DEVICE constexpr LivePlanShare live_plan_share(int live_len, int bl
 
 // The estimate's parts, in 1/16 of a block's streaming time. The rate of `items` items on `ctas`
 // CTAs: 16 when they fill the grid, less (faster) when they leave CTAs idle.
-SPLITKV_HOST_DEVICE constexpr int live_plan_rate(int64_t items, int64_t ctas) {
+// floor16: the fastest rate, kLivePlanRateFloor16 unless the caller knows better (the selector's
+// model at one CTA per SM, live_model_rate_floor16).
+SPLITKV_HOST_DEVICE constexpr int live_plan_rate(int64_t items, int64_t ctas, int floor16 = kLivePlanRateFloor16) {
   if (items >= ctas) return 16;
   const int rate = 16 * int(items) / int(ctas);  // items < ctas <= kMaxLiveCtas: 32-bit arithmetic
-  return rate < kLivePlanRateFloor16 ? kLivePlanRateFloor16 : rate;
+  return rate < floor16 ? floor16 : rate;
 }
 
 // An item's own cost, beside its keys.
@@ -354,14 +356,15 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_plan_wave_bound(int k, int wave_block
 // kv_heads * query tiles per sequence, ctas = the launch's grid. In int64: the launch has under
 // 2^30 items (bindings.cpp) of at most 2^26 blocks, and at most kMaxLiveCtas (2^21) CTAs.
 SPLITKV_HOST_DEVICE constexpr int64_t live_plan_estimate(const LivePlanTally& t, int64_t blocks, int64_t tiles,
-                                                         int64_t ctas, int block_kv) {
+                                                         int64_t ctas, int block_kv,
+                                                         int floor16 = kLivePlanRateFloor16) {
   int64_t items = 0;
   int largest = 0;
   for (int c = 0; c < kSizeClasses; ++c) {
     items += int64_t(t.splits[c]) * tiles;
     largest = largest > t.max_blocks[c] ? largest : t.max_blocks[c];
   }
-  const int64_t rate = live_plan_rate(items, ctas);
+  const int64_t rate = live_plan_rate(items, ctas, floor16);
   int64_t finish = live_plan_base(blocks, tiles, items, largest, rate, ctas, block_kv);
   // Wave k's rank k * ctas lies in the class where the running count of items passes it.
   int64_t before = 0;
@@ -388,7 +391,7 @@ SPLITKV_HOST_DEVICE constexpr int live_plan_pick(const int64_t* estimates, int n
 template <class Length>
 SPLITKV_HOST_DEVICE constexpr int64_t live_plan_knob_estimate(const Length* lengths, int batch, int64_t tiles,
                                                               int64_t ctas, int block_kv, int min_blocks,
-                                                              int max_splits) {
+                                                              int max_splits, int floor16 = kLivePlanRateFloor16) {
   int64_t blocks = 0;
   LivePlanTally t{};
   for (int b = 0; b < batch; ++b) {
@@ -399,7 +402,7 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_plan_knob_estimate(const Length* leng
     t.max_blocks[s.size_class] =
         t.max_blocks[s.size_class] > s.blocks_per_split ? t.max_blocks[s.size_class] : s.blocks_per_split;
   }
-  return live_plan_estimate(t, blocks, tiles, ctas, block_kv);
+  return live_plan_estimate(t, blocks, tiles, ctas, block_kv, floor16);
 }
 
 // The plan's min_blocks_per_split for a batch of `batch` live lengths, serially: what the CTAs
@@ -448,21 +451,34 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_grid(int64_t capacity_items, int num_
 // The selector's knobs for a batch that its table has no class near (batch_select.py, the
 // exported header): the fixed-plan point that a model of the launch finishes first, for the
 // host, not the kernel. Candidates: block_kv kLiveDefaultBlockKV, min_blocks_per_split in
-// kLiveModelMinBlocks x max_splits in kLiveModelMaxSplits (the batch sweeps' space), and the
-// "auto" knobs. A candidate's score, in 1/16 of a block's streaming time: the load-aware plan's
-// estimate on the GPU's resident CTAs (num_sms x ctas_per_sm, whatever the candidate's grid: the
-// rate's reference, as in the fit of its constants), per CTA, plus kLiveModelMergeCost16 per
-// split of the batch's most-split sequence (the
-// merge that ends its tile reads every split; the plan's estimate leaves it out, as the plan's
-// choices share one bound). The least score wins; equal scores go to fewer max_splits, then
-// fewer min_blocks_per_split. Why a model rather than "auto": replayed on the H200 batch sweeps'
-// timed points (tools/plan_model.py rank), its choice had 2.3% geometric-mean regret on the 50
-// batches of batches.csv, batches_dense.csv and batches_split_plan.csv, which the merge cost was
-// chosen on, and 2.2% (max 6.6%) on the 12 held-out batches of holdout.csv, where "auto" had
-// 10.7% and 8.5% (docs/PERFORMANCE.md).
+// kLiveModelMinBlocks x max_splits in kLiveModelMaxSplits (the batch sweeps' space) and, at one
+// CTA per SM, the one-wave split count (live_model_wave_splits), and the "auto" knobs. A
+// candidate's score, in 1/16 of a block's streaming time: the load-aware plan's estimate on the
+// GPU's resident CTAs (num_sms x ctas_per_sm, whatever the candidate's grid: the rate's
+// reference, as in the fit of its constants) with the rate floor of live_model_rate_floor16,
+// per CTA, plus kLiveModelMergeCost16 per split of the batch's most-split sequence (the merge
+// that ends its tile reads every split; the plan's estimate leaves it out, as the plan's choices
+// share one bound). The least score wins; equal scores go to fewer max_splits, then fewer
+// min_blocks_per_split. Why a model rather than "auto": replayed on the H200 batch sweeps' timed
+// points (tools/plan_model.py rank), its choice had 2.3% geometric-mean regret on the 50 batches
+// of batches.csv, batches_dense.csv and batches_split_plan.csv, which the merge cost was chosen
+// on, and 2.2% (max 6.6%) on the 12 held-out batches of holdout.csv, where "auto" had 10.7% and
+// 8.5% (docs/PERFORMANCE.md).
 inline constexpr int kLiveModelMinBlocks[] = {1, 2, 4, 8, 16};
 inline constexpr int kLiveModelMaxSplits[] = {8, 16, 32, 64};
 inline constexpr int kLiveModelMergeCost16 = 1;
+
+// The model's rate floor. With two or more CTAs per SM, a CTA that the items leave idle hands
+// its share of the SM's bandwidth to the CTAs beside it, and the plan's floor (fitted there)
+// holds. With one CTA per SM an idle CTA is an idle SM, and the busy SMs gain far less: on the
+// H200 at head dim 256 (one CTA per SM), 4 x 24000 keys with one KV head ran 96 items of 1000
+// keys in 47.3 us and 128 of 750 in 40.3, 1.33x the keys per item in 1.17x the time. Fitted on
+// the head-dim batch sweep's rows at head dim 256: any floor from 12 to 14 takes their model
+// regret from 3.5% / 17.3% (geometric mean / max) to 0.7% / 4.3% (docs/PERFORMANCE.md).
+inline constexpr int kLiveModelRateFloorOneCta16 = 13;
+SPLITKV_HOST_DEVICE constexpr int live_model_rate_floor16(int ctas_per_sm) {
+  return ctas_per_sm > 1 ? kLivePlanRateFloor16 : kLiveModelRateFloorOneCta16;
+}
 
 struct LiveModelKnobs {
   int min_blocks_per_split, max_splits;
@@ -492,8 +508,29 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_model_score(const Length* lengths, in
   // The most-split sequence is the longest: live_splits grows with the length.
   int longest = 0;
   for (int b = 0; b < batch; ++b) longest = longest > int(lengths[b]) ? longest : int(lengths[b]);
-  return live_plan_knob_estimate(lengths, batch, tiles, ctas, block_kv, min_blocks, max_splits) / ctas +
+  return live_plan_knob_estimate(lengths, batch, tiles, ctas, block_kv, min_blocks, max_splits,
+                                 live_model_rate_floor16(ctas_per_sm)) / ctas +
          int64_t(kLiveModelMergeCost16) * live_splits(longest, block_kv, min_blocks, max_splits);
+}
+
+// The one-wave split count: the resident CTAs (num_sms x ctas_per_sm) over the query tiles of
+// the batch's live sequences, at most the space's largest max_splits; 0 when those tiles fill a
+// wave alone or there are none. Why, at one CTA per SM only: there a launch whose items leave
+// SMs idle gains little speed for it (live_model_rate_floor16), so the split count whose items
+// fill one wave exactly can beat every power of two (on the H200, 5 x 20000 keys at head dim
+// 256, Hq/Hkv 8/4: 6 splits, 120 items on 132 CTAs, in 121.9 us; the space's best point, 32
+// splits, took 142.3). With two CTAs per SM the candidate made the held-out regret worse
+// (docs/PERFORMANCE.md).
+template <class Length>
+SPLITKV_HOST_DEVICE constexpr int live_model_wave_splits(const Length* lengths, int batch, int kv_heads,
+                                                         int packed_rows, int num_sms, int ctas_per_sm) {
+  int64_t live = 0;
+  for (int b = 0; b < batch; ++b) live += int(lengths[b]) > 0;
+  const int64_t tiles = live * kv_heads * num_m_blocks(packed_rows);
+  if (tiles == 0) return 0;
+  const int64_t splits = int64_t(num_sms) * ctas_per_sm / tiles;
+  constexpr int most = kLiveModelMaxSplits[sizeof(kLiveModelMaxSplits) / sizeof(int) - 1];
+  return splits > most ? most : int(splits);
 }
 
 // The least-score candidate (above), with its score.
@@ -505,7 +542,11 @@ SPLITKV_HOST_DEVICE constexpr LiveModelKnobs live_model_knobs(const Length* leng
                       live_max_splits(batch, kv_heads, packed_rows, num_sms), 0};
   best.score = live_model_score(lengths, batch, kv_heads, packed_rows, num_sms, ctas_per_sm,
                                 best.min_blocks_per_split, best.max_splits);
-  for (int max_splits : kLiveModelMaxSplits) {
+  const int wave =
+      ctas_per_sm == 1 ? live_model_wave_splits(lengths, batch, kv_heads, packed_rows, num_sms, ctas_per_sm) : 0;
+  constexpr int space = sizeof(kLiveModelMaxSplits) / sizeof(int);
+  for (int i = wave > 0 ? -1 : 0; i < space; ++i) {
+    const int max_splits = i < 0 ? wave : kLiveModelMaxSplits[i];
     for (int min_blocks : kLiveModelMinBlocks) {
       const int64_t score =
           live_model_score(lengths, batch, kv_heads, packed_rows, num_sms, ctas_per_sm, min_blocks, max_splits);
