@@ -160,16 +160,18 @@ PYBIND11_MODULE(_rules, m) {
     return rules::live_plan_choices(min_blocks_per_split, block_kv);
   }, py::arg("min_blocks_per_split"), py::arg("block_kv"));
   m.def("live_plan_knob_estimate", [](const std::vector<int>& lengths, int64_t tiles, int64_t ctas, int block_kv,
-                                      int min_blocks_per_split, int max_splits, int rate_floor16) {
+                                      int min_blocks_per_split, int max_splits, int rate_idle16, int rate_floor16) {
     check_live_plan_args("live_plan_knob_estimate", lengths, tiles, ctas, block_kv, min_blocks_per_split, max_splits);
-    if (rate_floor16 < 1 || rate_floor16 > 16) {
-      throw py::value_error("live_plan_knob_estimate needs rate_floor16 in [1, 16], got " +
-                            std::to_string(rate_floor16));
+    if (rate_idle16 < 0 || rate_idle16 > 16 || rate_floor16 < 1 || rate_floor16 > 16) {
+      throw py::value_error("live_plan_knob_estimate needs rate_idle16 in [0, 16] and rate_floor16 in [1, 16], got " +
+                            std::to_string(rate_idle16) + " and " + std::to_string(rate_floor16));
     }
     return rules::live_plan_knob_estimate(lengths.data(), int(lengths.size()), tiles, ctas, block_kv,
-                                          min_blocks_per_split, max_splits, rate_floor16);
+                                          min_blocks_per_split, max_splits,
+                                          rules::LivePlanRate{rate_idle16, rate_floor16});
   }, py::arg("lengths"), py::arg("tiles"), py::arg("ctas"), py::arg("block_kv"), py::arg("min_blocks_per_split"),
-        py::arg("max_splits"), py::arg("rate_floor16") = rules::kLivePlanRateFloor16);
+        py::arg("max_splits"), py::arg("rate_idle16") = rules::kLivePlanRate.idle16,
+        py::arg("rate_floor16") = rules::kLivePlanRate.floor16);
   m.def("live_plan_min_blocks", [](const std::vector<int>& lengths, int64_t tiles, int64_t ctas, int block_kv,
                                    int min_blocks_per_split, int max_splits, int choices) {
     check_live_plan_args("live_plan_min_blocks", lengths, tiles, ctas, block_kv, min_blocks_per_split, max_splits);
@@ -201,12 +203,13 @@ PYBIND11_MODULE(_rules, m) {
                                                             int(packed_rows), int(num_sms), int(ctas_per_sm));
     return py::make_tuple(k.min_blocks_per_split, k.max_splits, k.score);
   }, py::arg("lengths"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"), py::arg("ctas_per_sm"));
-  m.def("live_model_rate_floor16", [](int ctas_per_sm) {
+  m.def("live_model_rate", [](int ctas_per_sm) {
     if (ctas_per_sm < 1 || ctas_per_sm > rules::kMaxCtasPerSm) {
-      throw py::value_error("live_model_rate_floor16 needs ctas_per_sm in [1, " + std::to_string(rules::kMaxCtasPerSm) +
+      throw py::value_error("live_model_rate needs ctas_per_sm in [1, " + std::to_string(rules::kMaxCtasPerSm) +
                             "], got " + std::to_string(ctas_per_sm));
     }
-    return rules::live_model_rate_floor16(ctas_per_sm);
+    const rules::LivePlanRate rate = rules::live_model_rate(ctas_per_sm);
+    return py::make_tuple(rate.idle16, rate.floor16);
   }, py::arg("ctas_per_sm"));
   m.def("live_model_wave_splits", [](const std::vector<int>& lengths, int64_t kv_heads, int64_t packed_rows,
                                      int64_t num_sms, int64_t ctas_per_sm) {

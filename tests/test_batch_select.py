@@ -1,6 +1,7 @@
 """The paged knobs of a batch from a batch table (``batch_select``) on the CPU: the nearest
 class within the distance bound, its ties, the model beyond it, the fallback to the live
 defaults, and ``select --paged``."""
+import functools
 import json
 from pathlib import Path
 
@@ -177,27 +178,34 @@ def test_the_one_wave_split_count_fills_the_resident_ctas_with_the_live_tiles():
 
 
 def test_at_one_cta_per_sm_idle_ctas_buy_the_model_less_speed():
-    """The rate floor of the model is the plan's with two CTAs per SM or more, and higher (less
-    gain from CTAs left idle) with one; the score uses it. At head dim 256 on the H200 (one CTA
-    per SM), 4 x 24000 keys with one KV head ran 128 items of 750 keys in 40.3 us and 96 of 1000
-    in 47.3: the model picks the full wave."""
-    plan_floor = _rules.live_model_rate_floor16(2)
-    assert [_rules.live_model_rate_floor16(c) for c in (2, 3, 32)] == [plan_floor] * 3
-    assert plan_floor < _rules.live_model_rate_floor16(1) < 16
-    lengths = [24000] * 4
-    for ctas_per_sm in (1, 2):
-        floor = _rules.live_model_rate_floor16(ctas_per_sm)
-        ctas = 132 * ctas_per_sm
-        for min_blocks, bound in ((1, 32), (16, 32), (4, 64)):
-            most = max(_rules.live_splits(n, 64, min_blocks, bound) for n in lengths)
-            want = (_rules.live_plan_knob_estimate(lengths, 1, ctas, 64, min_blocks, bound, floor) // ctas
-                    + _rules.LIVE_MODEL["merge_cost16"] * most)
-            assert _rules.live_model_score(lengths, 1, 8, 132, ctas_per_sm, min_blocks, bound) == want
-    assert _rules.live_model_knobs(lengths, 1, 8, 132, 1)[:2] == (1, 32)
-    with pytest.raises(ValueError, match=r"live_model_rate_floor16 needs ctas_per_sm in \[1, 32\], got 0"):
-        _rules.live_model_rate_floor16(0)
-    with pytest.raises(ValueError, match=r"rate_floor16 in \[1, 16\], got 17"):
-        _rules.live_plan_knob_estimate(lengths, 1, 132, 64, 1, 32, 17)
+    """The model's rate is the plan's with two CTAs per SM or more; with one, idle CTAs buy less
+    speed, the less the more items run (a rate from its idle value up to 16 in proportion to the
+    items). The score uses it. At head dim 256 on the H200 (one CTA per SM), 4 x 24000 keys with
+    one KV head ran 128 items of 750 keys in 40.3 us and 96 of 1000 in 47.3, and 12 x 8000 keys
+    with 8 KV heads ran 8 splits in 235 us and 1 (its one-wave count) in 284: the model picks those."""
+    plan = _rules.live_model_rate(2)
+    assert [_rules.live_model_rate(c) for c in (2, 3, 32)] == [plan] * 3 and plan[0] == 0
+    idle, floor = _rules.live_model_rate(1)
+    assert plan[1] <= floor == idle < 16
+    estimate = functools.partial(_rules.live_plan_knob_estimate, [64 * 100] * 3, 1, 132, 64, 1, 1)
+    assert estimate() == estimate(0, plan[1])
+    # 3 items of 100 blocks on 132 CTAs: the plan's rate is its floor; the model's one grows with the items.
+    assert estimate(idle, floor) == 132 * (100 * (idle + (16 - idle) * 3 // 132) + 2 * 16) > estimate()
+    for lengths, kv_heads, rows, want in (([24000] * 4, 1, 8, (1, 32)), ([8000] * 12, 8, 1, (1, 8))):
+        for ctas_per_sm in (1, 2):
+            ctas = 132 * ctas_per_sm
+            for min_blocks, bound in ((1, 32), (16, 32), (4, 64)):
+                most = max(_rules.live_splits(n, 64, min_blocks, bound) for n in lengths)
+                tiles = kv_heads * _rules.num_m_blocks(rows)
+                want_score = (_rules.live_plan_knob_estimate(lengths, tiles, ctas, 64, min_blocks, bound,
+                                                             *_rules.live_model_rate(ctas_per_sm)) // ctas
+                              + _rules.LIVE_MODEL["merge_cost16"] * most)
+                assert _rules.live_model_score(lengths, kv_heads, rows, 132, ctas_per_sm, min_blocks, bound) == want_score
+        assert _rules.live_model_knobs(lengths, kv_heads, rows, 132, 1)[:2] == want
+    with pytest.raises(ValueError, match=r"live_model_rate needs ctas_per_sm in \[1, 32\], got 0"):
+        _rules.live_model_rate(0)
+    with pytest.raises(ValueError, match=r"rate_idle16 in \[0, 16\] and rate_floor16 in \[1, 16\], got 0 and 17"):
+        _rules.live_plan_knob_estimate([24000], 1, 132, 64, 1, 32, 0, 17)
 
 
 def test_the_model_scores_the_launch_it_describes():

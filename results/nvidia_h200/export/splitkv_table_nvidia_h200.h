@@ -316,13 +316,20 @@ SPLITKV_HOST_DEVICE constexpr LivePlanShare live_plan_share(int live_len, int bl
 }
 
 // The estimate's parts, in 1/16 of a block's streaming time. The rate of `items` items on `ctas`
-// CTAs: 16 when they fill the grid, less (faster) when they leave CTAs idle.
-// floor16: the fastest rate, kLivePlanRateFloor16 unless the caller knows better (the selector's
-// model at one CTA per SM, live_model_rate_floor16).
-SPLITKV_HOST_DEVICE constexpr int live_plan_rate(int64_t items, int64_t ctas, int floor16 = kLivePlanRateFloor16) {
+// CTAs: 16 when they fill the grid, less (faster) when they leave CTAs idle: from idle16 (no
+// items, extrapolated) to 16 in proportion to items / ctas, and never under floor16. The plan's
+// (kLivePlanRate): idle16 0, the idle CTAs' bandwidth going to the busy ones, down to the floor
+// of a CTA's own speed; the selector's model at one CTA per SM has its own (live_model_rate).
+struct LivePlanRate {
+  int idle16, floor16;
+};
+inline constexpr LivePlanRate kLivePlanRate{0, kLivePlanRateFloor16};
+
+SPLITKV_HOST_DEVICE constexpr int live_plan_rate(int64_t items, int64_t ctas, LivePlanRate rule = kLivePlanRate) {
   if (items >= ctas) return 16;
-  const int rate = 16 * int(items) / int(ctas);  // items < ctas <= kMaxLiveCtas: 32-bit arithmetic
-  return rate < floor16 ? floor16 : rate;
+  // items < ctas <= kMaxLiveCtas: 32-bit arithmetic
+  const int rate = rule.idle16 + (16 - rule.idle16) * int(items) / int(ctas);
+  return rate < rule.floor16 ? rule.floor16 : rate;
 }
 
 // An item's own cost, beside its keys.
@@ -357,14 +364,14 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_plan_wave_bound(int k, int wave_block
 // 2^30 items (bindings.cpp) of at most 2^26 blocks, and at most kMaxLiveCtas (2^21) CTAs.
 SPLITKV_HOST_DEVICE constexpr int64_t live_plan_estimate(const LivePlanTally& t, int64_t blocks, int64_t tiles,
                                                          int64_t ctas, int block_kv,
-                                                         int floor16 = kLivePlanRateFloor16) {
+                                                         LivePlanRate rule = kLivePlanRate) {
   int64_t items = 0;
   int largest = 0;
   for (int c = 0; c < kSizeClasses; ++c) {
     items += int64_t(t.splits[c]) * tiles;
     largest = largest > t.max_blocks[c] ? largest : t.max_blocks[c];
   }
-  const int64_t rate = live_plan_rate(items, ctas, floor16);
+  const int64_t rate = live_plan_rate(items, ctas, rule);
   int64_t finish = live_plan_base(blocks, tiles, items, largest, rate, ctas, block_kv);
   // Wave k's rank k * ctas lies in the class where the running count of items passes it.
   int64_t before = 0;
@@ -391,7 +398,7 @@ SPLITKV_HOST_DEVICE constexpr int live_plan_pick(const int64_t* estimates, int n
 template <class Length>
 SPLITKV_HOST_DEVICE constexpr int64_t live_plan_knob_estimate(const Length* lengths, int batch, int64_t tiles,
                                                               int64_t ctas, int block_kv, int min_blocks,
-                                                              int max_splits, int floor16 = kLivePlanRateFloor16) {
+                                                              int max_splits, LivePlanRate rule = kLivePlanRate) {
   int64_t blocks = 0;
   LivePlanTally t{};
   for (int b = 0; b < batch; ++b) {
@@ -402,7 +409,7 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_plan_knob_estimate(const Length* leng
     t.max_blocks[s.size_class] =
         t.max_blocks[s.size_class] > s.blocks_per_split ? t.max_blocks[s.size_class] : s.blocks_per_split;
   }
-  return live_plan_estimate(t, blocks, tiles, ctas, block_kv, floor16);
+  return live_plan_estimate(t, blocks, tiles, ctas, block_kv, rule);
 }
 
 // The plan's min_blocks_per_split for a batch of `batch` live lengths, serially: what the CTAs
@@ -455,7 +462,7 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_grid(int64_t capacity_items, int num_
 // CTA per SM, the one-wave split count (live_model_wave_splits), and the "auto" knobs. A
 // candidate's score, in 1/16 of a block's streaming time: the load-aware plan's estimate on the
 // GPU's resident CTAs (num_sms x ctas_per_sm, whatever the candidate's grid: the rate's
-// reference, as in the fit of its constants) with the rate floor of live_model_rate_floor16,
+// reference, as in the fit of its constants) at the rate of live_model_rate,
 // per CTA, plus kLiveModelMergeCost16 per split of the batch's most-split sequence (the merge
 // that ends its tile reads every split; the plan's estimate leaves it out, as the plan's choices
 // share one bound). The least score wins; equal scores go to fewer max_splits, then fewer
@@ -468,16 +475,20 @@ inline constexpr int kLiveModelMinBlocks[] = {1, 2, 4, 8, 16};
 inline constexpr int kLiveModelMaxSplits[] = {8, 16, 32, 64};
 inline constexpr int kLiveModelMergeCost16 = 1;
 
-// The model's rate floor. With two or more CTAs per SM, a CTA that the items leave idle hands
-// its share of the SM's bandwidth to the CTAs beside it, and the plan's floor (fitted there)
-// holds. With one CTA per SM an idle CTA is an idle SM, and the busy SMs gain far less: on the
-// H200 at head dim 256 (one CTA per SM), 4 x 24000 keys with one KV head ran 96 items of 1000
-// keys in 47.3 us and 128 of 750 in 40.3, 1.33x the keys per item in 1.17x the time. Fitted on
-// the head-dim batch sweep's rows at head dim 256: any floor from 12 to 14 takes their model
-// regret from 3.5% / 17.3% (geometric mean / max) to 0.7% / 4.3% (docs/PERFORMANCE.md).
-inline constexpr int kLiveModelRateFloorOneCta16 = 13;
-SPLITKV_HOST_DEVICE constexpr int live_model_rate_floor16(int ctas_per_sm) {
-  return ctas_per_sm > 1 ? kLivePlanRateFloor16 : kLiveModelRateFloorOneCta16;
+// The model's rate. With two or more CTAs per SM, a CTA that the items leave idle hands its
+// share of the SM's bandwidth to the CTAs beside it, and the plan's rate (fitted there) holds.
+// With one CTA per SM an idle CTA is an idle SM, and the busy SMs gain far less, the less the
+// more of them there are: the rate runs from kLiveModelRateIdleOneCta16 (a lone item) to 16 (a
+// full grid) in proportion to the items. On the H200 at head dim 256 (one CTA per SM), 4 x 24000
+// keys with one KV head ran 96 items of 1000 keys in 47.3 us and 128 of 750 in 40.3 (1.33x the
+// keys per item in 1.17x the time); 12 x 8000 keys with 8 KV heads ran 96 items of 8000 keys in
+// 284 us (96 of 132 SMs busy) and 384 of 2000 in 225 (at most 3 per SM: 8000 keys per busy SM
+// against 6000, in 1.26x the time).
+// Fitted on the 46 head-dim-256 batches of the head-dim sweep and the held-out sets up to the
+// fourth (docs/PERFORMANCE.md).
+inline constexpr int kLiveModelRateIdleOneCta16 = 13;
+SPLITKV_HOST_DEVICE constexpr LivePlanRate live_model_rate(int ctas_per_sm) {
+  return ctas_per_sm > 1 ? kLivePlanRate : LivePlanRate{kLiveModelRateIdleOneCta16, kLiveModelRateIdleOneCta16};
 }
 
 struct LiveModelKnobs {
@@ -509,14 +520,14 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_model_score(const Length* lengths, in
   int longest = 0;
   for (int b = 0; b < batch; ++b) longest = longest > int(lengths[b]) ? longest : int(lengths[b]);
   return live_plan_knob_estimate(lengths, batch, tiles, ctas, block_kv, min_blocks, max_splits,
-                                 live_model_rate_floor16(ctas_per_sm)) / ctas +
+                                 live_model_rate(ctas_per_sm)) / ctas +
          int64_t(kLiveModelMergeCost16) * live_splits(longest, block_kv, min_blocks, max_splits);
 }
 
 // The one-wave split count: the resident CTAs (num_sms x ctas_per_sm) over the query tiles of
 // the batch's live sequences, at most the space's largest max_splits; 0 when those tiles fill a
 // wave alone or there are none. Why, at one CTA per SM only: there a launch whose items leave
-// SMs idle gains little speed for it (live_model_rate_floor16), so the split count whose items
+// SMs idle gains little speed for it (live_model_rate), so the split count whose items
 // fill one wave exactly can beat every power of two (on the H200, 5 x 20000 keys at head dim
 // 256, Hq/Hkv 8/4: 6 splits, 120 items on 132 CTAs, in 121.9 us; the space's best point, 32
 // splits, took 142.3). With two CTAs per SM the candidate made the held-out regret worse
