@@ -9,7 +9,8 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from splitkv_tune import bench, compare, space, tunables
+from splitkv_tune import bench, compare, records, space, tunables
+from splitkv_tune import sweep as sweep_mod
 from splitkv_tune.cli_tune import bench as bench_cmd
 from splitkv_tune.cli_tune import env as env_cmd
 from splitkv_tune.cli_sweep import sweep as sweep_cmd
@@ -128,9 +129,14 @@ def test_interrupted_sweep_resumes_without_losing_or_redoing_trials(grid, tmp_pa
     assert not trials.duplicated(SHAPE_COLUMNS + CONFIG_COLUMNS).any()
     assert trials.run_id.nunique() == 2
 
+    rebuilds = []
+    monkeypatch.setattr(sweep_mod, "rebuild_trials_csv",
+                        lambda *a, **k: rebuilds.append(a) or records.rebuild_trials_csv(*a, **k))
     again = run_sweep(grid, out, "--resume")    # nothing left: no trial is timed again
     assert again.exit_code == 0 and len(counted) == total - 4
     assert len(read_trials(out)) == total
+    # and the files are rebuilt at the start and the end only, not once per finished shape
+    assert len(rebuilds) == 2 < len(space.parse_grid(TINY_GRID).shapes) + 2
 
 
 def test_failing_and_wrong_configs_are_recorded_with_reasons(grid, tmp_path, monkeypatch):
