@@ -179,11 +179,12 @@ def test_the_held_out_batches_are_skewed_and_apart_from_the_tables_grids(trainin
 
 @pytest.mark.parametrize("held,size", [("batches_holdout_models.yaml", 30), ("batches_holdout_models2.yaml", 18),
                                        ("batches_holdout_models3.yaml", 24), ("batches_holdout_models4.yaml", 24),
-                                       ("batches_holdout_models5.yaml", 24)])
+                                       ("batches_holdout_models5.yaml", 24), ("batches_holdout_models6.yaml", 24)])
 @pytest.mark.parametrize("training", ["batches.yaml", "batches_dense.yaml", "batches_split_plan.yaml",
                                       "batches_head_dims.yaml", "batches_holdout.yaml",
                                       "batches_holdout_models.yaml", "batches_holdout_models2.yaml",
-                                      "batches_holdout_models3.yaml", "batches_holdout_models4.yaml"])
+                                      "batches_holdout_models3.yaml", "batches_holdout_models4.yaml",
+                                      "batches_holdout_models5.yaml"])
 def test_the_held_out_model_batches_are_real_heads_apart_from_every_other_grid(held, size, training):
     if held == training:
         return

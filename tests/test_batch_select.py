@@ -166,7 +166,7 @@ def test_the_one_wave_split_count_fills_the_resident_ctas_with_the_live_tiles():
     assert _rules.live_model_wave_splits([9] * 2, 1, 1, 132, 2) == 64  # 2 tiles: 132, capped at 64
     rows = 512  # query tiles of several rows' blocks per KV head
     assert _rules.live_model_wave_splits([9] * 3, 2, rows, 132, 2) == 264 // (6 * _rules.num_m_blocks(rows))
-    assert _rules.live_model_wave_splits([100] * 300, 1, 1, 132, 2) == 0  # the tiles fill a wave alone
+    assert _rules.live_model_wave_splits([100] * 300, 1, 1, 132, 2) == 1  # the tiles fill a wave alone
     assert _rules.live_model_wave_splits([0] * 4, 8, 4, 132, 2) == 0
     # A candidate at one CTA per SM only: the H200's 5 x 20000 keys at head dim 256, Hq/Hkv 8/4 ran
     # fastest at 6 splits; with two CTAs per SM the space's own points stand.

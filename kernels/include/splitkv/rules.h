@@ -472,12 +472,14 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_model_score(const Length* lengths, in
 }
 
 // The one-wave split count: the resident CTAs (num_sms x ctas_per_sm) over the query tiles of
-// the batch's live sequences, at most the space's largest max_splits; 0 when those tiles fill a
-// wave alone or there are none. Why, at one CTA per SM only: there a launch whose items leave
-// SMs idle gains little speed for it (live_model_rate), so the split count whose items
-// fill one wave exactly can beat every power of two (on the H200, 5 x 20000 keys at head dim
-// 256, Hq/Hkv 8/4: 6 splits, 120 items on 132 CTAs, in 121.9 us; the space's best point, 32
-// splits, took 142.3). With two CTAs per SM the candidate made the held-out regret worse
+// the batch's live sequences, at most the space's largest max_splits; 1 when those tiles fill a
+// wave alone (more splits only add items and merges behind a full wave), 0 when there are none.
+// Why, at one CTA per SM only: there a launch whose items leave SMs idle gains little speed for
+// it (live_model_rate), so the split count whose items fill one wave exactly can beat every
+// power of two (on the H200, 5 x 20000 keys at head dim 256, Hq/Hkv 8/4: 6 splits, 120 items on
+// 132 CTAs, in 121.9 us; the space's best point, 32 splits, took 142.3; 24 x 5000 keys, Hq/Hkv
+// 16/16, 4 queries: 384 tiles, one split each, 0.2% from the best point where the space's
+// choice was 10.3%). With two CTAs per SM the candidate made the held-out regret worse
 // (docs/PERFORMANCE.md).
 template <class Length>
 SPLITKV_HOST_DEVICE constexpr int live_model_wave_splits(const Length* lengths, int batch, int kv_heads,
@@ -488,7 +490,7 @@ SPLITKV_HOST_DEVICE constexpr int live_model_wave_splits(const Length* lengths, 
   if (tiles == 0) return 0;
   const int64_t splits = int64_t(num_sms) * ctas_per_sm / tiles;
   constexpr int most = kLiveModelMaxSplits[sizeof(kLiveModelMaxSplits) / sizeof(int) - 1];
-  return splits > most ? most : int(splits);
+  return splits > most ? most : splits < 1 ? 1 : int(splits);
 }
 
 // The least-score candidate (above), with its score.
