@@ -382,7 +382,8 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
     out_dir.mkdir(parents=True, exist_ok=True)
     outdir.remove_stale_temporaries(out_dir)
     trials_path, heuristics_path = out_dir / "trials.csv", out_dir / "heuristics.csv"
-    rebuild_trials_csv(storage, trials_path, plan.gpu)
+    frame = rebuild_trials_csv(storage, trials_path, plan.gpu)
+    table.atomic_write_csv(heuristics_path, table.build_heuristics(frame))  # a killed run's may be stale
     device = bench.default_device(plan.backend)
     run_id = meta.make_run_id()
     copy_bw = bench.copy_bandwidth_gbps(device, **plan.timing)
@@ -454,11 +455,9 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
             holder.clear()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-            if totals["timed"] > timed_before or runner.recovered:
-                # The files follow each shape that changed the storage. A rebuild reads every
-                # trial of the storage (about a second at 4,600 trials), so one per shape
-                # finished in an earlier run made a resume past 191 of them time nothing in
-                # its first 350 s on the GPU host.
+            if sum(c in runner.done() for c in runner.candidates) != already:
+                # Only after a shape whose measurements changed: a rebuild reads every trial
+                # of the storage.
                 frame = rebuild_trials_csv(storage, trials_path, plan.gpu)
                 table.atomic_write_csv(heuristics_path, table.build_heuristics(frame))
                 last_rebuild[0] = time.monotonic()

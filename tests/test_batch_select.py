@@ -168,6 +168,10 @@ def test_the_one_wave_split_count_fills_the_resident_ctas_with_the_live_tiles():
     assert _rules.live_model_wave_splits([9] * 3, 2, rows, 132, 2) == 264 // (6 * _rules.num_m_blocks(rows))
     assert _rules.live_model_wave_splits([100] * 300, 1, 1, 132, 2) == 1  # the tiles fill a wave alone
     assert _rules.live_model_wave_splits([0] * 4, 8, 4, 132, 2) == 0
+    for bad in ({"ctas_per_sm": 0}, {"ctas_per_sm": 33}, {"num_sms": 0}, {"kv_heads": 0}, {"lengths": [-1]}):
+        args = {"lengths": [9], "kv_heads": 1, "packed_rows": 1, "num_sms": 132, "ctas_per_sm": 1, **bad}
+        with pytest.raises(ValueError, match="live_model_wave_splits"):
+            _rules.live_model_wave_splits(**args)
     # A candidate at one CTA per SM only: the H200's 5 x 20000 keys at head dim 256, Hq/Hkv 8/4 ran
     # fastest at 6 splits; with two CTAs per SM the space's own points stand.
     lengths = [20000] * 5
@@ -206,6 +210,9 @@ def test_at_one_cta_per_sm_idle_ctas_buy_the_model_less_speed():
         _rules.live_model_rate(0)
     with pytest.raises(ValueError, match=r"rate_idle16 in \[0, 16\] and rate_floor16 in \[1, 16\], got 0 and 17"):
         _rules.live_plan_knob_estimate([24000], 1, 132, 64, 1, 32, 0, 17)
+    for idle in (-1, 17):
+        with pytest.raises(ValueError, match=rf"rate_idle16 in \[0, 16\] .* got {idle} and 11"):
+            _rules.live_plan_knob_estimate([24000], 1, 132, 64, 1, 32, idle, 11)
 
 
 def test_the_model_scores_the_launch_it_describes():

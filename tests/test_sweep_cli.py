@@ -120,6 +120,9 @@ def test_interrupted_sweep_resumes_without_losing_or_redoing_trials(grid, tmp_pa
     counted = []
     monkeypatch.setattr(bench.ShapeBench, "measure",
                         lambda self, c: counted.append(c) or original(self, c))
+    rebuilds = []
+    monkeypatch.setattr(sweep_mod, "rebuild_trials_csv",
+                        lambda *a, **k: rebuilds.append(a) or records.rebuild_trials_csv(*a, **k))
     result = run_sweep(grid, out, "--resume")
     assert result.exit_code == 0, result.output
     trials = read_trials(out)
@@ -128,15 +131,18 @@ def test_interrupted_sweep_resumes_without_losing_or_redoing_trials(grid, tmp_pa
     assert len(counted) == total - 4            # only the unfinished configs were timed
     assert not trials.duplicated(SHAPE_COLUMNS + CONFIG_COLUMNS).any()
     assert trials.run_id.nunique() == 2
+    # the files follow every shape that timed a trial, besides the start and the end
+    shapes = len(space.parse_grid(TINY_GRID).shapes)
+    assert shapes >= 2 and len(rebuilds) == shapes + 2
 
-    rebuilds = []
-    monkeypatch.setattr(sweep_mod, "rebuild_trials_csv",
-                        lambda *a, **k: rebuilds.append(a) or records.rebuild_trials_csv(*a, **k))
+    rebuilds.clear()
+    (out / "heuristics.csv").unlink()           # as a SIGKILL between two rebuilds can leave it
     again = run_sweep(grid, out, "--resume")    # nothing left: no trial is timed again
     assert again.exit_code == 0 and len(counted) == total - 4
     assert len(read_trials(out)) == total
-    # and the files are rebuilt at the start and the end only, not once per finished shape
-    assert len(rebuilds) == 2 < len(space.parse_grid(TINY_GRID).shapes) + 2
+    # the files are rebuilt at the start and the end only, not once per finished shape
+    assert len(rebuilds) == 2
+    assert len(pd.read_csv(out / "heuristics.csv")) == shapes
 
 
 def test_failing_and_wrong_configs_are_recorded_with_reasons(grid, tmp_path, monkeypatch):

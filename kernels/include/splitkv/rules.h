@@ -272,11 +272,11 @@ struct LivePlanRate {
 };
 inline constexpr LivePlanRate kLivePlanRate{0, kLivePlanRateFloor16};
 
-SPLITKV_HOST_DEVICE constexpr int live_plan_rate(int64_t items, int64_t ctas, LivePlanRate rule = kLivePlanRate) {
+SPLITKV_HOST_DEVICE constexpr int live_plan_rate(int64_t items, int64_t ctas, LivePlanRate line = kLivePlanRate) {
   if (items >= ctas) return 16;
   // items < ctas <= kMaxLiveCtas: 32-bit arithmetic
-  const int rate = rule.idle16 + (16 - rule.idle16) * int(items) / int(ctas);
-  return rate < rule.floor16 ? rule.floor16 : rate;
+  const int rate = line.idle16 + (16 - line.idle16) * int(items) / int(ctas);
+  return rate < line.floor16 ? line.floor16 : rate;
 }
 
 // An item's own cost, beside its keys.
@@ -311,14 +311,14 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_plan_wave_bound(int k, int wave_block
 // 2^30 items (bindings.cpp) of at most 2^26 blocks, and at most kMaxLiveCtas (2^21) CTAs.
 SPLITKV_HOST_DEVICE constexpr int64_t live_plan_estimate(const LivePlanTally& t, int64_t blocks, int64_t tiles,
                                                          int64_t ctas, int block_kv,
-                                                         LivePlanRate rule = kLivePlanRate) {
+                                                         LivePlanRate line = kLivePlanRate) {
   int64_t items = 0;
   int largest = 0;
   for (int c = 0; c < kSizeClasses; ++c) {
     items += int64_t(t.splits[c]) * tiles;
     largest = largest > t.max_blocks[c] ? largest : t.max_blocks[c];
   }
-  const int64_t rate = live_plan_rate(items, ctas, rule);
+  const int64_t rate = live_plan_rate(items, ctas, line);
   int64_t finish = live_plan_base(blocks, tiles, items, largest, rate, ctas, block_kv);
   // Wave k's rank k * ctas lies in the class where the running count of items passes it.
   int64_t before = 0;
@@ -345,7 +345,7 @@ SPLITKV_HOST_DEVICE constexpr int live_plan_pick(const int64_t* estimates, int n
 template <class Length>
 SPLITKV_HOST_DEVICE constexpr int64_t live_plan_knob_estimate(const Length* lengths, int batch, int64_t tiles,
                                                               int64_t ctas, int block_kv, int min_blocks,
-                                                              int max_splits, LivePlanRate rule = kLivePlanRate) {
+                                                              int max_splits, LivePlanRate line = kLivePlanRate) {
   int64_t blocks = 0;
   LivePlanTally t{};
   for (int b = 0; b < batch; ++b) {
@@ -356,7 +356,7 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_plan_knob_estimate(const Length* leng
     t.max_blocks[s.size_class] =
         t.max_blocks[s.size_class] > s.blocks_per_split ? t.max_blocks[s.size_class] : s.blocks_per_split;
   }
-  return live_plan_estimate(t, blocks, tiles, ctas, block_kv, rule);
+  return live_plan_estimate(t, blocks, tiles, ctas, block_kv, line);
 }
 
 // The plan's min_blocks_per_split for a batch of `batch` live lengths, serially: what the CTAs
@@ -432,7 +432,8 @@ inline constexpr int kLiveModelMergeCost16 = 1;
 // 284 us (96 of 132 SMs busy) and 384 of 2000 in 225 (at most 3 per SM: 8000 keys per busy SM
 // against 6000, in 1.26x the time).
 // Fitted on the 46 head-dim-256 batches of the head-dim sweep and the held-out sets up to the
-// fourth (docs/PERFORMANCE.md).
+// fourth (docs/PERFORMANCE.md). Its floor is its idle value: the line never falls under it, and a
+// lower floor would only matter for the plan's rate, whose line starts at 0.
 inline constexpr int kLiveModelRateIdleOneCta16 = 13;
 SPLITKV_HOST_DEVICE constexpr LivePlanRate live_model_rate(int ctas_per_sm) {
   return ctas_per_sm > 1 ? kLivePlanRate : LivePlanRate{kLiveModelRateIdleOneCta16, kLiveModelRateIdleOneCta16};

@@ -325,11 +325,11 @@ struct LivePlanRate {
 };
 inline constexpr LivePlanRate kLivePlanRate{0, kLivePlanRateFloor16};
 
-SPLITKV_HOST_DEVICE constexpr int live_plan_rate(int64_t items, int64_t ctas, LivePlanRate rule = kLivePlanRate) {
+SPLITKV_HOST_DEVICE constexpr int live_plan_rate(int64_t items, int64_t ctas, LivePlanRate line = kLivePlanRate) {
   if (items >= ctas) return 16;
   // items < ctas <= kMaxLiveCtas: 32-bit arithmetic
-  const int rate = rule.idle16 + (16 - rule.idle16) * int(items) / int(ctas);
-  return rate < rule.floor16 ? rule.floor16 : rate;
+  const int rate = line.idle16 + (16 - line.idle16) * int(items) / int(ctas);
+  return rate < line.floor16 ? line.floor16 : rate;
 }
 
 // An item's own cost, beside its keys.
@@ -364,14 +364,14 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_plan_wave_bound(int k, int wave_block
 // 2^30 items (bindings.cpp) of at most 2^26 blocks, and at most kMaxLiveCtas (2^21) CTAs.
 SPLITKV_HOST_DEVICE constexpr int64_t live_plan_estimate(const LivePlanTally& t, int64_t blocks, int64_t tiles,
                                                          int64_t ctas, int block_kv,
-                                                         LivePlanRate rule = kLivePlanRate) {
+                                                         LivePlanRate line = kLivePlanRate) {
   int64_t items = 0;
   int largest = 0;
   for (int c = 0; c < kSizeClasses; ++c) {
     items += int64_t(t.splits[c]) * tiles;
     largest = largest > t.max_blocks[c] ? largest : t.max_blocks[c];
   }
-  const int64_t rate = live_plan_rate(items, ctas, rule);
+  const int64_t rate = live_plan_rate(items, ctas, line);
   int64_t finish = live_plan_base(blocks, tiles, items, largest, rate, ctas, block_kv);
   // Wave k's rank k * ctas lies in the class where the running count of items passes it.
   int64_t before = 0;
@@ -398,7 +398,7 @@ SPLITKV_HOST_DEVICE constexpr int live_plan_pick(const int64_t* estimates, int n
 template <class Length>
 SPLITKV_HOST_DEVICE constexpr int64_t live_plan_knob_estimate(const Length* lengths, int batch, int64_t tiles,
                                                               int64_t ctas, int block_kv, int min_blocks,
-                                                              int max_splits, LivePlanRate rule = kLivePlanRate) {
+                                                              int max_splits, LivePlanRate line = kLivePlanRate) {
   int64_t blocks = 0;
   LivePlanTally t{};
   for (int b = 0; b < batch; ++b) {
@@ -409,7 +409,7 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_plan_knob_estimate(const Length* leng
     t.max_blocks[s.size_class] =
         t.max_blocks[s.size_class] > s.blocks_per_split ? t.max_blocks[s.size_class] : s.blocks_per_split;
   }
-  return live_plan_estimate(t, blocks, tiles, ctas, block_kv, rule);
+  return live_plan_estimate(t, blocks, tiles, ctas, block_kv, line);
 }
 
 // The plan's min_blocks_per_split for a batch of `batch` live lengths, serially: what the CTAs
@@ -485,7 +485,8 @@ inline constexpr int kLiveModelMergeCost16 = 1;
 // 284 us (96 of 132 SMs busy) and 384 of 2000 in 225 (at most 3 per SM: 8000 keys per busy SM
 // against 6000, in 1.26x the time).
 // Fitted on the 46 head-dim-256 batches of the head-dim sweep and the held-out sets up to the
-// fourth (docs/PERFORMANCE.md).
+// fourth (docs/PERFORMANCE.md). Its floor is its idle value: the line never falls under it, and a
+// lower floor would only matter for the plan's rate, whose line starts at 0.
 inline constexpr int kLiveModelRateIdleOneCta16 = 13;
 SPLITKV_HOST_DEVICE constexpr LivePlanRate live_model_rate(int ctas_per_sm) {
   return ctas_per_sm > 1 ? kLivePlanRate : LivePlanRate{kLiveModelRateIdleOneCta16, kLiveModelRateIdleOneCta16};
@@ -525,12 +526,14 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_model_score(const Length* lengths, in
 }
 
 // The one-wave split count: the resident CTAs (num_sms x ctas_per_sm) over the query tiles of
-// the batch's live sequences, at most the space's largest max_splits; 0 when those tiles fill a
-// wave alone or there are none. Why, at one CTA per SM only: there a launch whose items leave
-// SMs idle gains little speed for it (live_model_rate), so the split count whose items
-// fill one wave exactly can beat every power of two (on the H200, 5 x 20000 keys at head dim
-// 256, Hq/Hkv 8/4: 6 splits, 120 items on 132 CTAs, in 121.9 us; the space's best point, 32
-// splits, took 142.3). With two CTAs per SM the candidate made the held-out regret worse
+// the batch's live sequences, at most the space's largest max_splits; 1 when those tiles fill a
+// wave alone (more splits only add items and merges behind a full wave), 0 when there are none.
+// Why, at one CTA per SM only: there a launch whose items leave SMs idle gains little speed for
+// it (live_model_rate), so the split count whose items fill one wave exactly can beat every
+// power of two (on the H200, 5 x 20000 keys at head dim 256, Hq/Hkv 8/4: 6 splits, 120 items on
+// 132 CTAs, in 121.9 us; the space's best point, 32 splits, took 142.3; 24 x 5000 keys, Hq/Hkv
+// 16/16, 4 queries: 384 tiles, one split each, 0.2% from the best point where the space's
+// choice was 10.3%). With two CTAs per SM the candidate made the held-out regret worse
 // (docs/PERFORMANCE.md).
 template <class Length>
 SPLITKV_HOST_DEVICE constexpr int live_model_wave_splits(const Length* lengths, int batch, int kv_heads,
@@ -541,7 +544,7 @@ SPLITKV_HOST_DEVICE constexpr int live_model_wave_splits(const Length* lengths, 
   if (tiles == 0) return 0;
   const int64_t splits = int64_t(num_sms) * ctas_per_sm / tiles;
   constexpr int most = kLiveModelMaxSplits[sizeof(kLiveModelMaxSplits) / sizeof(int) - 1];
-  return splits > most ? most : int(splits);
+  return splits > most ? most : splits < 1 ? 1 : int(splits);
 }
 
 // The least-score candidate (above), with its score.
