@@ -57,7 +57,9 @@ def check_not_foreign(out_dir: Path, stored: pd.DataFrame, storage_name: str) ->
     problem = foreign_problem(Path(out_dir), stored)
     if problem:
         raise ForeignResults(f"{problem}; a sweep with storage {storage_name} did not write "
-                             f"them. Pass --force to overwrite them, or choose another --out")
+                             f"them. Pass --force to overwrite them, or choose another --out; if "
+                             f"the storage that wrote them is lost, `splitkv-tune restore-storage "
+                             f"{out_dir}` rebuilds it from trials.csv")
 
 
 def current_winners(out_dir: Path, force: bool = False) -> pd.DataFrame | None:

@@ -191,15 +191,14 @@ for mode in "$@"; do
       ;;
     dense-part)
       # One part of the dense decode grid (configs/dense_decode.yaml; DENSE_PART=bf16_d128 by
-      # default), continued with --resume when its optuna.journal was carried (run's carry:
-      # results/nvidia_h200/dense_decode/<part>/optuna.journal); DENSE_TIMEOUT seconds (~17.5 min
-      # a part, so a 10-minute call sweeps part of it; a kill loses no finished trial).
+      # default), continued with --resume on its optuna.journal (git-ignored: carried by run's
+      # carry, results/nvidia_h200/dense_decode/<part>/optuna.journal, or else rebuilt from the
+      # part's trials.csv by restore-storage); DENSE_TIMEOUT seconds (~17.5 min a part, so a
+      # 10-minute call sweeps part of it; a kill loses no finished trial).
       part=${DENSE_PART:-bf16_d128}
       dir=results/$gpu/dense_decode/$part
       if [ -f "$dir/trials.csv" ] && [ ! -f "$dir/optuna.journal" ]; then
-        echo "dense-part: $dir/optuna.journal is missing (git-ignored: name it in run's carry); not sweeping" \
-          | tee -a "$out/dense_part.log"
-        continue
+        splitkv-tune restore-storage "$dir" 2>&1 | tee -a "$out/dense_part.log"
       fi
       timeout ${DENSE_TIMEOUT:-300} splitkv-tune sweep --gpu "$flag" --grid configs/dense_decode.yaml \
         --dtype ${part%%_*} --head-dim ${part##*_d} --sampler tpe --trials 24 --out "$dir" --no-progress \
