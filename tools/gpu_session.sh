@@ -43,13 +43,23 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
 clock_log=$!
 pack() { tar czf "$dest/session.tgz" -C "$out" . $( [ -d "results/$gpu" ] && echo "-C $PWD results/$gpu" ); }
 trap 'kill $clock_log 2>/dev/null; pack' EXIT
+trap 'exit 143' TERM INT  # a kill still packs what is done
+# Every step's timeout is cut to what is left of $CALL_BUDGET_S (default 560 s: the device's
+# 600-s call limit, less the packing), counted from the start: a call that ran past the limit
+# was killed while packing and brought nothing back.
+budget=${CALL_BUDGET_S:-560}
+limit() {
+  local left=$((budget - SECONDS))
+  [ "$left" -gt 10 ] || { echo "$2: skipped, the call's $budget s are spent" >&2; return 124; }
+  timeout "$(( $1 < left ? $1 : left ))" "${@:2}"
+}
 small_decode="1 8 1 4096|1 8 1 16384|1 8 1 65536|1 32 1 4096|4 8 1 4096|4 8 1 16384|1 8 4 16384|1 8 16 16384 --causal"
 # compare_batch NAME TIMEOUT ARGS...: splitkv-tune compare-batch at page 64 with ARGS and
 # $COMPARE_BATCH_ARGS (its timeout: $COMPARE_BATCH_TIMEOUT or TIMEOUT seconds), into NAME.{csv,md,log}.
 compare_batch() {
-  local name=$1 limit=$2
+  local name=$1 secs=$2
   shift 2
-  timeout ${COMPARE_BATCH_TIMEOUT:-$limit} splitkv-tune compare-batch --page-size 64 "$@" ${COMPARE_BATCH_ARGS:-} \
+  limit ${COMPARE_BATCH_TIMEOUT:-$secs} splitkv-tune compare-batch --page-size 64 "$@" ${COMPARE_BATCH_ARGS:-} \
     --csv "$out/$name.csv" --out-md "$out/$name.md" 2>&1 | tail -80 | tee "$out/$name.log"
 }
 for mode in "$@"; do
@@ -58,7 +68,7 @@ for mode in "$@"; do
       date -u | tee "$out/gpu_tests.log"
       # The whole report goes to the log (the first failure's traceback included); the screen
       # gets its end.
-      SPLITKV_REQUIRE_GPU=1 timeout 300 python3 -m pytest -q -p no:cacheprovider --no-header -rf \
+      SPLITKV_REQUIRE_GPU=1 limit 300 python3 -m pytest -q -p no:cacheprovider --no-header -rf \
         tests/test_kernel_gpu.py tests/test_paged_gpu.py tests/test_ops_validation_gpu.py tests/test_bench_gpu.py tests/test_default_call_gpu.py \
         tests/test_build.py::test_extension_matches_tunables >>"$out/gpu_tests.log" 2>&1
       tail -15 "$out/gpu_tests.log"
@@ -71,7 +81,7 @@ for mode in "$@"; do
       for c in "${cases[@]}"; do
         set -- $c
         name=$(echo "$1_$2" | tr ':' '-')
-        timeout 120 ncu --clock-control none --cache-control none -k regex:split_kv --launch-skip 12 --launch-count 1 \
+        limit 120 ncu --clock-control none --cache-control none -k regex:split_kv --launch-skip 12 --launch-count 1 \
           --section SpeedOfLight --section WarpStateStats --section SourceCounters --section LaunchStats \
           --section Occupancy --import-source yes -f -o "$out/prof_$name" \
           python3 tools/profile_live.py --lengths "$1" --knobs "$2" >>"$out/ncu.log" 2>&1
@@ -85,7 +95,7 @@ for mode in "$@"; do
       IFS='|' read -ra shapes <<<"$small_decode"
       for s in "${shapes[@]}"; do
         set -- $s
-        timeout 90 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 ${5:-} \
+        limit 90 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 ${5:-} \
           --splits 4,8,16,32 --block-kv 64,128 --merge kernel,fused 2>&1 | tail -18
       done | tee "$out/merge_ab.log"
       ;;
@@ -93,7 +103,7 @@ for mode in "$@"; do
       IFS='|' read -ra shapes <<<"$small_decode|1 8 1 64|4 8 1 1024|16 8 1 65536|16 32 1 16384"
       for s in "${shapes[@]}"; do
         set -- $s
-        timeout 60 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 ${5:-} --pdl on,off 2>&1 | tail -3
+        limit 60 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 ${5:-} --pdl on,off 2>&1 | tail -3
       done | tee "$out/pdl_ab.log"
       ;;
     eager)
@@ -102,8 +112,8 @@ for mode in "$@"; do
       IFS='|' read -ra shapes <<<"1 8 1 256|1 8 1 4096|1 8 1 16384|1 8 1 24576|4 8 1 4096|1 8 1 65536"
       for s in "${shapes[@]}"; do
         set -- $s
-        timeout 90 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 --eager 2>&1
-        timeout 60 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 --eager \
+        limit 90 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 --eager 2>&1
+        limit 60 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 --eager \
           --splits 4 --block-kv 64 --reduce-threads 128 --policy blocks 2>&1
       done | tee "$out/eager.log"
       ;;
@@ -111,22 +121,22 @@ for mode in "$@"; do
       # Head dims 96 and 256: the quick grid's shapes of those dims swept into a folder of their
       # own (their trials are appended to results/<gpu>/trials.csv afterwards), then compared with
       # SDPA and FlashInfer at the swept winners, graph-replayed and eager.
-      timeout 240 splitkv-tune sweep --gpu "$flag" --grid quick --head-dim 96 --head-dim 256 \
+      limit 240 splitkv-tune sweep --gpu "$flag" --grid quick --head-dim 96 --head-dim 256 \
         --out "$out/sweep_hd" --no-progress 2>&1 | tail -12 | tee "$out/sweep_hd.log"
-      timeout 300 splitkv-tune compare --grid quick --head-dim 96 --head-dim 256 --table "$out/sweep_hd/heuristics.csv" \
+      limit 300 splitkv-tune compare --grid quick --head-dim 96 --head-dim 256 --table "$out/sweep_hd/heuristics.csv" \
         --peers sdpa_flash,sdpa_cudnn,flashinfer_decode,flashinfer_decode_tc,flashinfer_xqa --eager \
         --out "$out/compare_hd" --no-progress 2>&1 | tail -40 | tee "$out/compare_hd.log"
       ;;
     host-tuned)
       # Host cost with every tunable given (S16 kv64, blocks) over the quick grid's D = 128 shapes.
-      timeout 120 splitkv-tune compare --grid quick --head-dim 128 --config 16,64,128,blocks --peers "" --eager \
+      limit 120 splitkv-tune compare --grid quick --head-dim 128 --config 16,64,128,blocks --peers "" --eager \
         --out "$out/host_tuned" --no-progress 2>&1 | tail -30 | tee "$out/host_tuned.log"
       ;;
     sweep)
-      timeout 420 splitkv-tune sweep --gpu "$flag" --grid quick --no-progress 2>&1 | tail -25 | tee "$out/sweep.log"
+      limit 420 splitkv-tune sweep --gpu "$flag" --grid quick --no-progress 2>&1 | tail -25 | tee "$out/sweep.log"
       ;;
     evaluate)
-      timeout 240 splitkv-tune evaluate --gpu "$flag" --shapes-file configs/evaluate.yaml \
+      limit 240 splitkv-tune evaluate --gpu "$flag" --shapes-file configs/evaluate.yaml \
         --out-csv results/$gpu/evaluate_gpu.csv --out-md results/$gpu/evaluate_gpu.md 2>&1 | tail -20 | tee "$out/evaluate.log"
       ;;
     breakdown)
@@ -134,13 +144,13 @@ for mode in "$@"; do
       IFS='|' read -ra shapes <<<"$small_decode"
       for s in "${shapes[@]}"; do
         set -- $s
-        timeout 60 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 ${5:-} --breakdown 2>&1 | tail -12
+        limit 60 splitkv-tune bench --batch $1 --kv-heads $2 --q-len $3 --kv-len $4 ${5:-} --breakdown 2>&1 | tail -12
       done | tee "$out/breakdown.log"
       ;;
     compare)
-      timeout ${COMPARE_TIMEOUT:-300} splitkv-tune compare --grid quick ${COMPARE_TABLE---table results/$gpu/heuristics.csv} --out results/$gpu/compare \
+      limit ${COMPARE_TIMEOUT:-300} splitkv-tune compare --grid quick ${COMPARE_TABLE---table results/$gpu/heuristics.csv} --out results/$gpu/compare \
         --peers "${PEERS:-sdpa_flash,sdpa_cudnn,flex}" ${COMPARE_FLAGS:---with-no-pdl} --no-progress 2>&1 | tail -80 | tee "$out/compare.log"
-      [ -n "${SKIP_PREFILL:-}" ] || timeout 120 splitkv-tune compare --grid configs/prefill.yaml --config 1,64,128,blocks --peers sdpa_flash,sdpa_cudnn \
+      [ -n "${SKIP_PREFILL:-}" ] || limit 120 splitkv-tune compare --grid configs/prefill.yaml --config 1,64,128,blocks --peers sdpa_flash,sdpa_cudnn \
         --out results/$gpu/compare_prefill --no-progress 2>&1 | tail -8 | tee "$out/prefill.log"
       splitkv-tune env > "$out/env.txt" 2>&1
       ;;
@@ -169,7 +179,7 @@ for mode in "$@"; do
       # timeout loses at most the batch in flight.
       grid=${BATCH_GRID:-configs/batches.yaml}
       mkdir -p results/$gpu/batches
-      timeout ${BATCH_SWEEP_TIMEOUT:-540} splitkv-tune sweep-batches --grid "$grid" \
+      limit ${BATCH_SWEEP_TIMEOUT:-540} splitkv-tune sweep-batches --grid "$grid" \
         --csv results/$gpu/batches/$(basename "$grid" .yaml).csv 2>&1 | tail -40 | tee -a "$out/batch_sweep.log"
       ;;
     batch-evaluate)
@@ -184,7 +194,7 @@ for mode in "$@"; do
         results/$gpu/batches/batches_head_dims.csv results/$gpu/batches/batches_split_plan.csv --gpu "$flag" \
         -o results/$gpu/batch_table.csv \
         2>&1 | tee -a "$out/batch_evaluate.log"
-      timeout ${BATCH_EVALUATE_TIMEOUT:-400} splitkv-tune evaluate-batches --grid "$grid" \
+      limit ${BATCH_EVALUATE_TIMEOUT:-400} splitkv-tune evaluate-batches --grid "$grid" \
         --gpu "$flag" --batch-table results/$gpu/batch_table.csv --csv results/$gpu/batches/$name.csv \
         --out-md results/$gpu/batches/evaluate_$name.md --out-csv results/$gpu/batches/evaluate_$name.csv \
         2>&1 | tail -40 | tee -a "$out/batch_evaluate.log"
@@ -200,7 +210,7 @@ for mode in "$@"; do
       if [ -f "$dir/trials.csv" ] && [ ! -f "$dir/optuna.journal" ]; then
         splitkv-tune restore-storage "$dir" 2>&1 | tee -a "$out/dense_part.log"
       fi
-      timeout ${DENSE_TIMEOUT:-300} splitkv-tune sweep --gpu "$flag" --grid configs/dense_decode.yaml \
+      limit ${DENSE_TIMEOUT:-300} splitkv-tune sweep --gpu "$flag" --grid configs/dense_decode.yaml \
         --dtype ${part%%_*} --head-dim ${part##*_d} --sampler tpe --trials 24 --out "$dir" --no-progress \
         $( [ -f "$dir/optuna.journal" ] && echo --resume ) 2>&1 | tail -8 | tee -a "$out/dense_part.log"
       ;;
