@@ -15,8 +15,8 @@ def main() -> None:
     """Tune and benchmark the split-KV FlashAttention kernel; export heuristic tables."""
 
 
-for command in (bench, sweep, worker, table, restore_storage, compare, compare_batch, sweep_batches, batch_table, env, select, evaluate,
-                evaluate_batches, cross_validate_batches, export, plot, diff_command):
+for command in (bench, sweep, worker, table, restore_storage, compare, compare_batch, sweep_batches, batch_table,
+                env, select, evaluate, evaluate_batches, cross_validate_batches, export, plot, diff_command):
     main.add_command(command)
 
 

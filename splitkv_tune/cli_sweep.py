@@ -1,4 +1,5 @@
-"""``splitkv-tune sweep | table``: the Optuna sweep and the table it builds, as click commands.
+"""``splitkv-tune sweep | table | restore-storage``: the Optuna sweep, the table it builds and
+its storage rebuilt from the table's trials, as click commands.
 
 Bad input (options, grids, tables, storages, output paths) ends in one ``error:`` line and
 exit code 2 (``cli_errors``); nothing already stored is touched then.
@@ -228,30 +229,25 @@ def table(trials, output, gpu, min_margin, from_storage, storage):
 @click.command("restore-storage")
 @click.argument("trials", type=click.Path(exists=True, path_type=Path))
 @click.option("--storage", default=None,
-              help="The storage to rebuild: a database URL or journal file (default "
-                   "<dir>/optuna.journal, next to trials.csv). It must hold none of the studies.")
+              help="The storage to rebuild: a database URL, or a journal file that does not exist "
+                   "yet (default <dir>/optuna.journal, next to trials.csv).")
 @exit_2_on_bad_input
 def restore_storage(trials, storage):
     """Rebuild a sweep's lost Optuna storage from its trials.csv (a file or results directory).
 
     Every row becomes a finished trial with its record, under its own trial number, so that
-    `sweep --resume` on the same --out goes on where trials.csv stops.
+    `sweep --resume` on the same --out goes on where trials.csv stops. All or nothing.
     """
+    import optuna
+
     from splitkv_tune import restore
     from splitkv_tune import storage as storage_mod
 
     trials_path = trials / "trials.csv" if trials.is_dir() else trials
     frame = restore.read_sweep_trials(trials_path)
     _check_storage_path(storage)
-    journal = None if storage_mod.is_rdb_url(storage) else storage_mod.journal_path(storage, trials_path.parent)
-    new_journal = journal is not None and not journal.exists()
-    opened = storage_mod.open_storage(storage, trials_path.parent)
-    try:
-        counts = restore.restore_storage(frame, opened)
-    except BaseException:
-        if new_journal and journal.exists() and journal.stat().st_size == 0:  # refused: leave no trace
-            journal.unlink()
-        raise
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no line per study created
+    counts = restore.restore_storage(frame, storage, trials_path.parent)
     click.echo(f"restored {counts['studies']} studies, {counts['trials']} trials "
                f"({counts['gaps']} numbers trials.csv skips kept as failed trials) into "
                f"{storage_mod.describe(storage, trials_path.parent)}")

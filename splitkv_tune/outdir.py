@@ -59,7 +59,7 @@ def check_not_foreign(out_dir: Path, stored: pd.DataFrame, storage_name: str) ->
         raise ForeignResults(f"{problem}; a sweep with storage {storage_name} did not write "
                              f"them. Pass --force to overwrite them, or choose another --out; if "
                              f"the storage that wrote them is lost, `splitkv-tune restore-storage "
-                             f"{out_dir}` rebuilds it from trials.csv")
+                             f"{out_dir} --storage {storage_name}` rebuilds it from trials.csv")
 
 
 def current_winners(out_dir: Path, force: bool = False) -> pd.DataFrame | None:

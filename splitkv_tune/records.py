@@ -41,6 +41,8 @@ DUPLICATE_ATTR = "duplicate_of"
 UNCLAIMED_S = 60.0
 INT_COLUMNS = ["trial", "head_dim", "causal", "batch", "q_heads", "kv_heads", "q_len", "kv_len",
                "num_splits", "block_kv", "reduce_threads", "workspace_bytes", "n", "input_sets"]
+FLOAT_COLUMNS = ["median_us", "p20_us", "p80_us", "iqr_us", "gbps", "frac_copy_bw", "copy_bw_gbps",
+                 "max_abs_err"]
 _STATE_OF_STATUS = {"ok": optuna.trial.TrialState.COMPLETE,
                     "failed": optuna.trial.TrialState.FAIL, "wrong": optuna.trial.TrialState.FAIL}
 _RUNNING = optuna.trial.TrialState.RUNNING

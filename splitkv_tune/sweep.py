@@ -21,10 +21,11 @@
   the context stops the sweep after recording the trial; ``--resume`` goes on from there.
 * Resume: finished trials stay; a trial left RUNNING by a killed process is told FAIL and its
   config is measured again (``records`` says which trials count and which are stale, so a
-  second sweep on the same storage never fails the first one's trials). ``trials.csv`` is
-  rebuilt from storage (atomically) at start, after every shape, every ``REBUILD_EVERY_S``
-  seconds and on exit, so it always matches the storage; results in ``--out`` that the
-  storage did not produce are not overwritten without ``--force`` (``outdir``).
+  second sweep on the same storage never fails the first one's trials). ``trials.csv`` and
+  ``heuristics.csv`` are rebuilt from storage (atomically) at start, after every shape whose
+  measurements changed, every ``REBUILD_EVERY_S`` seconds and on exit, so they follow the
+  storage; results in ``--out`` that the storage did not produce are not overwritten without
+  ``--force`` (``outdir``). A lost storage is rebuilt from ``trials.csv`` (``restore``).
 * SIGTERM stops the sweep once the trial in flight is recorded (``termination``): the files
   are rebuilt and the run is marked ``terminated``.
 """
@@ -382,8 +383,12 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
     out_dir.mkdir(parents=True, exist_ok=True)
     outdir.remove_stale_temporaries(out_dir)
     trials_path, heuristics_path = out_dir / "trials.csv", out_dir / "heuristics.csv"
-    frame = rebuild_trials_csv(storage, trials_path, plan.gpu)
-    table.atomic_write_csv(heuristics_path, table.build_heuristics(frame))  # a killed run's may be stale
+    def rebuild_files():
+        frame = rebuild_trials_csv(storage, trials_path, plan.gpu)
+        table.atomic_write_csv(heuristics_path, table.build_heuristics(frame))
+        return frame
+
+    rebuild_files()  # a killed run's heuristics.csv may be behind its trials
     device = bench.default_device(plan.backend)
     run_id = meta.make_run_id()
     copy_bw = bench.copy_bandwidth_gbps(device, **plan.timing)
@@ -404,7 +409,7 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
         totals["failed"] += timing.status != "ok"
         trial_bar.update(1)
         if time.monotonic() - last_rebuild[0] >= REBUILD_EVERY_S:
-            rebuild_trials_csv(storage, trials_path, plan.gpu)
+            rebuild_files()
             last_rebuild[0] = time.monotonic()
 
     disable = None if progress is None else not progress  # None: only on a terminal
@@ -418,7 +423,7 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
         if plan.workers:
             from splitkv_tune import workers
             codes = workers.run_local(plan, storage, run_id, copy_bw, winners, disable,
-                                      lambda: rebuild_trials_csv(storage, trials_path, plan.gpu))
+                                      rebuild_files)
             totals["workers"] = codes
             frame = rebuild_trials_csv(storage, trials_path, plan.gpu)
             mine = frame[frame["run_id"].astype(str).str.startswith(run_id + ".")]
@@ -458,8 +463,7 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
             if sum(c in runner.done() for c in runner.candidates) != already:
                 # Only after a shape whose measurements changed: a rebuild reads every trial
                 # of the storage.
-                frame = rebuild_trials_csv(storage, trials_path, plan.gpu)
-                table.atomic_write_csv(heuristics_path, table.build_heuristics(frame))
+                rebuild_files()
                 last_rebuild[0] = time.monotonic()
         status = "completed"
     except (SweepAborted, WorkersFailed):

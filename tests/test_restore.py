@@ -98,8 +98,12 @@ def test_a_gap_in_the_trial_numbers_is_a_failed_trial_without_a_record(swept, tm
 
 def test_bad_input_is_refused_before_anything_is_written(swept, tmp_path):
     _, out, _ = swept
-    again = restore_cli(out)  # the storage is still there, with every study
-    assert again.exit_code == 2 and "already holds study" in again.output and "Traceback" not in again.output
+    again = restore_cli(out)  # the journal is still there
+    assert again.exit_code == 2 and "optuna.journal exists" in again.output
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    assert restore_cli(out, "--storage", url).exit_code == 0
+    again = restore_cli(out, "--storage", url)  # a database that holds the studies already
+    assert again.exit_code == 2 and "already holds study" in again.output
 
     table = tmp_path / "table"
     table.mkdir()
@@ -131,7 +135,64 @@ def test_the_reader_keeps_every_record_column_typed_as_the_sweep_stored_it(swept
     _, out, _ = swept
     frame = restore.read_sweep_trials(out / "trials.csv")
     assert list(frame.columns) == list(pd.read_csv(out / "trials.csv").columns)
-    assert str(frame.n.dtype) == "Int64" and frame.median_us.dtype.kind == "f"
+    assert frame.n.dtype.kind == "i" and str(frame.input_sets.dtype) == "Int64"
+    assert frame.median_us.dtype.kind == "f" and frame.iqr_us.dtype.kind == "f"
+
+
+@pytest.mark.parametrize("column,value,message", [
+    ("trial", "abc", "trial is 'abc', not an integer of 0 or more"),
+    ("trial", "1.5", "trial is '1.5'"),
+    ("trial", "-1", "trial is '-1'"),
+    ("trial", "", "trial is empty"),
+    ("study", "", "study is empty"),
+    ("iqr_us", "abc", "iqr_us is 'abc', not a number"),
+    ("input_sets", "2.5", "input_sets is '2.5'"),
+    ("trial", "3000000", "a typo in the trial column"),
+])
+def test_a_bad_cell_is_one_error_line_and_no_journal(swept, tmp_path, column, value, message):
+    _, out, _ = swept
+    rows = pd.read_csv(out / "trials.csv", dtype=str, keep_default_na=False)
+    rows.loc[len(rows) - 1, column] = value
+    path = tmp_path / "bad"
+    path.mkdir()
+    rows.to_csv(path / "trials.csv", index=False)
+    result = restore_cli(path)
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+    assert list(path.iterdir()) == [path / "trials.csv"]
+
+
+def test_cells_padded_with_spaces_read_as_the_table_reader_reads_them(swept, tmp_path):
+    _, out, before = swept
+    rows = pd.read_csv(out / "trials.csv", dtype=str, keep_default_na=False)
+    rows["status"] = " " + rows["status"]
+    path = tmp_path / "padded"
+    path.mkdir()
+    rows.to_csv(path / "trials.csv", index=False)
+    assert restore_cli(path).exit_code == 0
+    assert records.trials_frame(storage_mod.open_storage(None, path)).to_csv(index=False) == before
+
+
+def test_a_restore_that_fails_midway_leaves_nothing(swept, tmp_path, monkeypatch):
+    _, out, _ = swept
+    path = tmp_path / "midway"
+    path.mkdir()
+    (path / "trials.csv").write_text((out / "trials.csv").read_text())
+    written = []
+    original = restore._study_trials
+
+    def fails(rows, columns):  # after its study was created
+        written.append(rows)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(restore, "_study_trials", fails)
+    assert restore_cli(path).exit_code == 1  # click's "Aborted!"
+    assert list(path.iterdir()) == [path / "trials.csv"]  # no journal, no temporary, no lock
+    written.clear()
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    assert restore_cli(path, "--storage", url).exit_code == 1
+    assert written and optuna.get_all_study_summaries(url) == []  # the study it created is deleted
+    monkeypatch.setattr(restore, "_study_trials", original)
+    assert restore_cli(path, "--storage", url).exit_code == 0
 
 
 def test_a_tpe_study_left_half_done_resumes_on_a_restored_journal(tmp_path, monkeypatch):

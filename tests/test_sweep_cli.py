@@ -135,8 +135,14 @@ def test_interrupted_sweep_resumes_without_losing_or_redoing_trials(grid, tmp_pa
     shapes = len(space.parse_grid(TINY_GRID).shapes)
     assert shapes >= 2 and len(rebuilds) == shapes + 2
 
-    rebuilds.clear()
     (out / "heuristics.csv").unlink()           # as a SIGKILL between two rebuilds can leave it
+    with monkeypatch.context() as patched:      # a sweep that stops right after its start...
+        patched.setattr(bench, "copy_bandwidth_gbps", lambda *a, **k: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            run_sweep(grid, out, "--resume")
+    assert len(pd.read_csv(out / "heuristics.csv")) == shapes  # ...has written it again
+
+    rebuilds.clear()
     again = run_sweep(grid, out, "--resume")    # nothing left: no trial is timed again
     assert again.exit_code == 0 and len(counted) == total - 4
     assert len(read_trials(out)) == total

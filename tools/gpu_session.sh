@@ -43,15 +43,18 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
 clock_log=$!
 pack() { tar czf "$dest/session.tgz" -C "$out" . $( [ -d "results/$gpu" ] && echo "-C $PWD results/$gpu" ); }
 trap 'kill $clock_log 2>/dev/null; pack' EXIT
-trap 'exit 143' TERM INT  # a kill still packs what is done
-# Every step's timeout is cut to what is left of $CALL_BUDGET_S (default 560 s: the device's
-# 600-s call limit, less the packing), counted from the start: a call that ran past the limit
-# was killed while packing and brought nothing back.
-budget=${CALL_BUDGET_S:-560}
+trap 'exit 143' TERM  # packs once the step in flight has ended
+trap 'exit 130' INT
+# Every step's timeout (whole seconds) is cut to what is left of $CALL_BUDGET_S (default 540 s:
+# the device's 600-s call limit, less a step's 15 s to stop after its TERM and the packing),
+# counted from the start, build included: a call that ran past the limit was killed while
+# packing and brought nothing back.
+budget=${CALL_BUDGET_S:-540}
 limit() {
+  [[ $1 =~ ^[0-9]+$ ]] || { echo "$2: its timeout must be whole seconds, got '$1'; skipped" >&2; return 2; }
   local left=$((budget - SECONDS))
   [ "$left" -gt 10 ] || { echo "$2: skipped, the call's $budget s are spent" >&2; return 124; }
-  timeout "$(( $1 < left ? $1 : left ))" "${@:2}"
+  timeout -k 15 "$(( $1 < left ? $1 : left ))" "${@:2}"
 }
 small_decode="1 8 1 4096|1 8 1 16384|1 8 1 65536|1 32 1 4096|4 8 1 4096|4 8 1 16384|1 8 4 16384|1 8 16 16384 --causal"
 # compare_batch NAME TIMEOUT ARGS...: splitkv-tune compare-batch at page 64 with ARGS and
@@ -208,7 +211,7 @@ for mode in "$@"; do
       part=${DENSE_PART:-bf16_d128}
       dir=results/$gpu/dense_decode/$part
       if [ -f "$dir/trials.csv" ] && [ ! -f "$dir/optuna.journal" ]; then
-        splitkv-tune restore-storage "$dir" 2>&1 | tee -a "$out/dense_part.log"
+        limit 120 splitkv-tune restore-storage "$dir" 2>&1 | tee -a "$out/dense_part.log"
       fi
       limit ${DENSE_TIMEOUT:-300} splitkv-tune sweep --gpu "$flag" --grid configs/dense_decode.yaml \
         --dtype ${part%%_*} --head-dim ${part##*_d} --sampler tpe --trials 24 --out "$dir" --no-progress \

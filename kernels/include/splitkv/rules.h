@@ -272,11 +272,11 @@ struct LivePlanRate {
 };
 inline constexpr LivePlanRate kLivePlanRate{0, kLivePlanRateFloor16};
 
-SPLITKV_HOST_DEVICE constexpr int live_plan_rate(int64_t items, int64_t ctas, LivePlanRate line = kLivePlanRate) {
+SPLITKV_HOST_DEVICE constexpr int live_plan_rate(int64_t items, int64_t ctas, LivePlanRate rate_rule = kLivePlanRate) {
   if (items >= ctas) return 16;
   // items < ctas <= kMaxLiveCtas: 32-bit arithmetic
-  const int rate = line.idle16 + (16 - line.idle16) * int(items) / int(ctas);
-  return rate < line.floor16 ? line.floor16 : rate;
+  const int rate = rate_rule.idle16 + (16 - rate_rule.idle16) * int(items) / int(ctas);
+  return rate < rate_rule.floor16 ? rate_rule.floor16 : rate;
 }
 
 // An item's own cost, beside its keys.
@@ -311,14 +311,14 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_plan_wave_bound(int k, int wave_block
 // 2^30 items (bindings.cpp) of at most 2^26 blocks, and at most kMaxLiveCtas (2^21) CTAs.
 SPLITKV_HOST_DEVICE constexpr int64_t live_plan_estimate(const LivePlanTally& t, int64_t blocks, int64_t tiles,
                                                          int64_t ctas, int block_kv,
-                                                         LivePlanRate line = kLivePlanRate) {
+                                                         LivePlanRate rate_rule = kLivePlanRate) {
   int64_t items = 0;
   int largest = 0;
   for (int c = 0; c < kSizeClasses; ++c) {
     items += int64_t(t.splits[c]) * tiles;
     largest = largest > t.max_blocks[c] ? largest : t.max_blocks[c];
   }
-  const int64_t rate = live_plan_rate(items, ctas, line);
+  const int64_t rate = live_plan_rate(items, ctas, rate_rule);
   int64_t finish = live_plan_base(blocks, tiles, items, largest, rate, ctas, block_kv);
   // Wave k's rank k * ctas lies in the class where the running count of items passes it.
   int64_t before = 0;
@@ -345,7 +345,7 @@ SPLITKV_HOST_DEVICE constexpr int live_plan_pick(const int64_t* estimates, int n
 template <class Length>
 SPLITKV_HOST_DEVICE constexpr int64_t live_plan_knob_estimate(const Length* lengths, int batch, int64_t tiles,
                                                               int64_t ctas, int block_kv, int min_blocks,
-                                                              int max_splits, LivePlanRate line = kLivePlanRate) {
+                                                              int max_splits, LivePlanRate rate_rule = kLivePlanRate) {
   int64_t blocks = 0;
   LivePlanTally t{};
   for (int b = 0; b < batch; ++b) {
@@ -356,7 +356,7 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_plan_knob_estimate(const Length* leng
     t.max_blocks[s.size_class] =
         t.max_blocks[s.size_class] > s.blocks_per_split ? t.max_blocks[s.size_class] : s.blocks_per_split;
   }
-  return live_plan_estimate(t, blocks, tiles, ctas, block_kv, line);
+  return live_plan_estimate(t, blocks, tiles, ctas, block_kv, rate_rule);
 }
 
 // The plan's min_blocks_per_split for a batch of `batch` live lengths, serially: what the CTAs
@@ -473,8 +473,9 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_model_score(const Length* lengths, in
 }
 
 // The one-wave split count: the resident CTAs (num_sms x ctas_per_sm) over the query tiles of
-// the batch's live sequences, at most the space's largest max_splits; 1 when those tiles fill a
-// wave alone (more splits only add items and merges behind a full wave), 0 when there are none.
+// the batch's live sequences, at most the space's largest max_splits and at least 1 (one split
+// per tile when the tiles fill a wave alone: more splits only add items and merges behind a full
+// wave); 0 when there are none.
 // Why, at one CTA per SM only: there a launch whose items leave SMs idle gains little speed for
 // it (live_model_rate), so the split count whose items fill one wave exactly can beat every
 // power of two (on the H200, 5 x 20000 keys at head dim 256, Hq/Hkv 8/4: 6 splits, 120 items on
