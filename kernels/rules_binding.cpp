@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "splitkv/live_model.h"
 #include "splitkv/rules.h"
 
 namespace py = pybind11;
@@ -92,7 +93,8 @@ void check_live_model_args(const char* name, const std::vector<int>& lengths, in
 }  // namespace
 
 PYBIND11_MODULE(_rules, m) {
-  m.doc() = "The rules that the split-KV kernels and the host share (kernels/include/splitkv/rules.h)";
+  m.doc() = "The rules that the split-KV kernels and the host share (kernels/include/splitkv/rules.h) and the "
+            "selector's model built on them (live_model.h)";
   m.def("block_m_for", &rules::block_m_for, py::arg("packed_rows"));
   m.def("num_m_blocks", &rules::num_m_blocks, py::arg("packed_rows"));
   m.def("warp_layout", [](int block_m) {
@@ -216,6 +218,12 @@ PYBIND11_MODULE(_rules, m) {
     check_live_model_args("live_model_wave_splits", lengths, kv_heads, packed_rows, num_sms, ctas_per_sm);
     return rules::live_model_wave_splits(lengths.data(), int(lengths.size()), int(kv_heads), int(packed_rows),
                                          int(num_sms), int(ctas_per_sm));
+  }, py::arg("lengths"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"), py::arg("ctas_per_sm"));
+  m.def("live_model_wave_candidate", [](const std::vector<int>& lengths, int64_t kv_heads, int64_t packed_rows,
+                                        int64_t num_sms, int64_t ctas_per_sm) {
+    check_live_model_args("live_model_wave_candidate", lengths, kv_heads, packed_rows, num_sms, ctas_per_sm);
+    return rules::live_model_wave_candidate(lengths.data(), int(lengths.size()), int(kv_heads), int(packed_rows),
+                                            int(num_sms), int(ctas_per_sm));
   }, py::arg("lengths"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"), py::arg("ctas_per_sm"));
   py::dict live_model;
   live_model["min_blocks_per_split"] = as_tuple(rules::kLiveModelMinBlocks);

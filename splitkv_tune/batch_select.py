@@ -13,7 +13,7 @@ fixed point, so the exported C++ header (``export --batch-table``) finds the sam
 the same arithmetic. Equal distances go to the row that sorts first by (B, len_max,
 len_mean, page size). A batch of equal lengths is the class with len_max == len_mean; it needs
 no rule of its own. With no row of that head configuration, or none within
-``MAX_CLASS_DISTANCE`` octaves, the knobs are the model's (rules.h ``live_model_knobs``: the
+``MAX_CLASS_DISTANCE`` octaves, the knobs are the model's (live_model.h ``live_model_knobs``: the
 fixed-plan point of the sweeps' space, the ``"auto"`` knobs or, at one CTA per SM, the one-wave
 split count, whose launch a model of the persistent schedule finishes first on the batch's own
 lengths) when the launch's CTAs per SM
@@ -181,15 +181,14 @@ def select_live_knobs(table, *, dtype: str, head_dim: int, q_heads: int, kv_head
 
 
 def model_knobs(lengths, kv_heads: int, packed_rows: int, num_sms: int, ctas_per_sm: int, why: str) -> LiveKnobs:
-    """The model's knobs (rules.h ``live_model_knobs``) for these live lengths, the reason
+    """The model's knobs (live_model.h ``live_model_knobs``) for these live lengths, the reason
     starting with ``why``: block_kv 64, the call's default merge, the fixed split plan."""
     min_blocks, bound, score = _rules.live_model_knobs(list(lengths), kv_heads, packed_rows, num_sms, ctas_per_sm)
     model = _rules.LIVE_MODEL
-    wave = (_rules.live_model_wave_splits(list(lengths), kv_heads, packed_rows, num_sms, ctas_per_sm)
-            if ctas_per_sm == 1 else 0)
+    wave = _rules.live_model_wave_candidate(list(lengths), kv_heads, packed_rows, num_sms, ctas_per_sm)
     splits = (*model["max_splits"], wave) if wave else model["max_splits"]
     return LiveKnobs(_rules.LIVE_DEFAULTS["block_kv"], min_blocks, bound, "auto",
-                     f"{why}: the model's knobs (rules.h live_model_knobs on {num_sms} SMs x {ctas_per_sm} CTAs): "
+                     f"{why}: the model's knobs (live_model.h live_model_knobs on {num_sms} SMs x {ctas_per_sm} CTAs): "
                      f"min_blocks_per_split={min_blocks} max_splits={bound}, the least estimated finish "
                      f"({score}/16 of a block's time) among min_blocks_per_split {model['min_blocks_per_split']} x "
                      f"max_splits {splits}{' (the last: the one-wave count)' if wave else ''} and the auto knobs")

@@ -147,8 +147,9 @@ def _write(frame: pd.DataFrame, groups, storage, created: list[str]) -> dict:
         counts["studies"] += 1
         counts["trials"] += len(rows)
         counts["gaps"] += len(trials) - len(rows)
-    back = records.trials_frame(storage)
-    if sorted(zip(back["study"], back["trial"])) != sorted(zip(frame["study"], frame["trial"].astype(int))):
+    back = [(row["study"], row["trial"]) for name in created  # a database may hold other studies
+            for row in records.trial_rows(optuna.load_study(study_name=name, storage=storage))]
+    if sorted(back) != sorted(zip(frame["study"], frame["trial"].astype(int))):
         raise StorageError(f"the storage gave back {len(back)} of the {len(frame)} rows; nothing was kept")
     return counts
 

@@ -383,10 +383,12 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
     out_dir.mkdir(parents=True, exist_ok=True)
     outdir.remove_stale_temporaries(out_dir)
     trials_path, heuristics_path = out_dir / "trials.csv", out_dir / "heuristics.csv"
-    def rebuild_files():
+
+    def rebuild_files():  # (trials, heuristics) frames, as written
         frame = rebuild_trials_csv(storage, trials_path, plan.gpu)
-        table.atomic_write_csv(heuristics_path, table.build_heuristics(frame))
-        return frame
+        heuristics = table.build_heuristics(frame)
+        table.atomic_write_csv(heuristics_path, heuristics)
+        return frame, heuristics
 
     rebuild_files()  # a killed run's heuristics.csv may be behind its trials
     device = bench.default_device(plan.backend)
@@ -477,9 +479,7 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
         trial_bar.close()
         shape_bar.close()
         try:
-            frame = rebuild_trials_csv(storage, trials_path, plan.gpu)
-            heuristics = table.build_heuristics(frame)
-            table.atomic_write_csv(heuristics_path, heuristics)
+            frame, heuristics = rebuild_files()
             run_meta.update(status=status, elapsed_s=round(time.monotonic() - start, 3),
                             **totals)
             meta.write_run_meta(out_dir, run_meta)

@@ -168,10 +168,16 @@ def test_the_one_wave_split_count_fills_the_resident_ctas_with_the_live_tiles():
     assert _rules.live_model_wave_splits([9] * 3, 2, rows, 132, 2) == 264 // (6 * _rules.num_m_blocks(rows))
     assert _rules.live_model_wave_splits([100] * 300, 1, 1, 132, 2) == 1  # the tiles fill a wave alone
     assert _rules.live_model_wave_splits([0] * 4, 8, 4, 132, 2) == 0
+    # the model's candidate: the one-wave count at one CTA per SM only
+    assert _rules.live_model_wave_candidate([20000] * 5 + [0] * 3, 4, 2, 132, 1) == 6
+    assert _rules.live_model_wave_candidate([100] * 300, 1, 1, 132, 1) == 1
+    assert _rules.live_model_wave_candidate([20000] * 5, 4, 2, 132, 2) == 0
     for bad in ({"ctas_per_sm": 0}, {"ctas_per_sm": 33}, {"num_sms": 0}, {"kv_heads": 0}, {"lengths": [-1]}):
         args = {"lengths": [9], "kv_heads": 1, "packed_rows": 1, "num_sms": 132, "ctas_per_sm": 1, **bad}
         with pytest.raises(ValueError, match="live_model_wave_splits"):
             _rules.live_model_wave_splits(**args)
+        with pytest.raises(ValueError, match="live_model_wave_candidate"):
+            _rules.live_model_wave_candidate(**args)
     # A candidate at one CTA per SM only: the H200's 5 x 20000 keys at head dim 256, Hq/Hkv 8/4 ran
     # fastest at 6 splits; with two CTAs per SM the space's own points stand.
     lengths = [20000] * 5
@@ -233,7 +239,7 @@ def test_beyond_the_classes_the_model_chooses_given_ctas_per_sm(table_file):
     want = _rules.live_model_knobs([6000] * 12, 8, 4, 132, 2)[:2]
     assert (far.block_kv, far.min_blocks_per_split, far.max_splits) == (64, *want)
     assert far.row is None and far.merge == "auto" and far.split_plan == "fixed"
-    assert "more than 0.5" in far.reason and "the model's knobs (rules.h live_model_knobs on 132 SMs x 2 CTAs)" \
+    assert "more than 0.5" in far.reason and "the model's knobs (live_model.h live_model_knobs on 132 SMs x 2 CTAs)" \
         in far.reason
     # A near class still wins, and no table at all is the model's too.
     assert select(table, "skewed:16:65536:1024", ctas_per_sm=2).row is table[1]

@@ -101,7 +101,8 @@ def test_bad_input_is_refused_before_anything_is_written(swept, tmp_path):
     again = restore_cli(out)  # the journal is still there
     assert again.exit_code == 2 and "optuna.journal exists" in again.output
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    assert restore_cli(out, "--storage", url).exit_code == 0
+    optuna.create_study(storage=url, study_name="another sweep's study")
+    assert restore_cli(out, "--storage", url).exit_code == 0  # beside studies of its own
     again = restore_cli(out, "--storage", url)  # a database that holds the studies already
     assert again.exit_code == 2 and "already holds study" in again.output
 

@@ -14,7 +14,7 @@ come from it.
 min_blocks_per_split): for each batch, the knob that `plan.plan_min_blocks` chooses from the
 "auto" knob, looked up among the timed rows, against the "auto" knob itself and the best row.
 
-`rank` replays the selector's model (rules.h ``live_model_knobs``: the fixed-plan point of the
+`rank` replays the selector's model (live_model.h ``live_model_knobs``: the fixed-plan point of the
 sweeps' space, or the "auto" knobs, that the model of the launch finishes first, on the batch's
 lengths, ``--sms`` SMs and ``--ctas-per-sm``) on sweep-batches rows: for each batch, the timed row
 at the model's knobs against the batch's best row of any knobs, beside the "auto" knobs' row:
@@ -133,7 +133,7 @@ def check(paths, ctas: int, sms: int) -> None:
 
 
 def rank(paths, ctas_per_sm: int, sms: int) -> pd.DataFrame:
-    """One row per batch: the model's knobs (rules.h ``live_model_knobs``), their timed row, the
+    """One row per batch: the model's knobs (live_model.h ``live_model_knobs``), their timed row, the
     auto row's and the best row's times, regrets (NaN where the model's knobs were not timed)."""
     d = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
     d = d[(d["status"] == "ok") & d["impl"].str.startswith("ours")]  # the best row: any knobs, any plan

@@ -319,7 +319,7 @@ SPLITKV_HOST_DEVICE constexpr LivePlanShare live_plan_share(int live_len, int bl
 // CTAs: 16 when they fill the grid, less (faster) when they leave CTAs idle: from idle16 (no
 // items, extrapolated) to 16 in proportion to items / ctas, and never under floor16. The plan's
 // (kLivePlanRate): idle16 0, the idle CTAs' bandwidth going to the busy ones, down to the floor
-// of a CTA's own speed; the selector's model at one CTA per SM has its own (live_model_rate).
+// of a CTA's own speed; the selector's model at one CTA per SM has its own (live_model.h live_model_rate).
 struct LivePlanRate {
   int idle16, floor16;
 };
@@ -455,6 +455,59 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_grid(int64_t capacity_items, int num_
   return capacity_items < resident ? capacity_items : resident;
 }
 
+// Lanes that fold one row of the partials together (merge_state.h; the combine kernel and the
+// fused merge lay their threads out by it, so both fold alike): one float4 each at head dims
+// 64 and 128, a warp's 32 lanes with wider shares at 96 and 256.
+SPLITKV_HOST_DEVICE constexpr int lanes_per_row(int head_dim) {
+  return head_dim % 64 == 0 && head_dim < 128 ? head_dim / 4 : 32;
+}
+
+// Whether the fused merge of one query tile is one row fold per thread of the last CTA. Past
+// that the last CTA merges rows one after another, and the combine kernel, spread over many
+// CTAs, is faster (docs/PERFORMANCE.md).
+SPLITKV_HOST_DEVICE constexpr bool fused_merge_fits(int packed_rows, int head_dim) {
+  const int block_m = block_m_for(packed_rows);
+  const int rows = block_m < packed_rows ? block_m : packed_rows;
+  return rows * lanes_per_row(head_dim) <= kNumWarps * 32;
+}
+
+SPLITKV_HOST_DEVICE constexpr int64_t align_up(int64_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+
+// Byte offsets of the workspace's sections (params.h): O at 0, then m, then l, then for a paged /
+// variable-length launch (`live`) the plan's knob (one int32: the min_blocks_per_split a
+// load-aware launch chose, for its combine kernel); `total` is the size. No workspace with one
+// split.
+struct WorkspaceSections {
+  int64_t m_offset, l_offset, plan_offset, total;
+};
+
+SPLITKV_HOST_DEVICE constexpr WorkspaceSections workspace_sections(int num_splits, int batch, int q_heads, int q_len,
+                                                                   int head_dim, bool live = false) {
+  if (num_splits == 1) return WorkspaceSections{0, 0, 0, 0};
+  const int64_t rows = int64_t(num_splits) * batch * q_heads * q_len;
+  const int64_t o_bytes = align_up(rows * head_dim * 4);
+  const int64_t ml_bytes = align_up(rows * 4);
+  const int64_t plan_offset = o_bytes + 2 * ml_bytes;
+  return WorkspaceSections{o_bytes, o_bytes + ml_bytes, plan_offset, plan_offset + (live ? kWorkspaceAlign : 0)};
+}
+
+// The fused merge's counters: one int32 per query tile of each (batch, KV head).
+SPLITKV_HOST_DEVICE constexpr int64_t tile_counter_count(int batch, int kv_heads, int packed_rows) {
+  return int64_t(batch) * kv_heads * num_m_blocks(packed_rows);
+}
+
+}  // namespace rules
+}  // namespace splitkv
+// The selector's model of a paged / variable-length launch: the knobs it takes for a batch that
+// its table has no class near. Host-side only (the selector, the exported C++ header, through
+// kernels/rules_binding.cpp for Python); the kernels never call it. Built on the load-aware
+// plan's estimate in rules.h, so the model and the plan share one schedule arithmetic.
+
+
+
+namespace splitkv {
+namespace rules {
+
 // The selector's knobs for a batch that its table has no class near (batch_select.py, the
 // exported header): the fixed-plan point that a model of the launch finishes first, for the
 // host, not the kernel. Candidates: block_kv kLiveDefaultBlockKV, min_blocks_per_split in
@@ -548,6 +601,14 @@ SPLITKV_HOST_DEVICE constexpr int live_model_wave_splits(const Length* lengths, 
   return splits > most ? most : splits < 1 ? 1 : int(splits);
 }
 
+// The one-wave candidate of live_model_knobs: the one-wave split count at one CTA per SM, else 0
+// (none).
+template <class Length>
+SPLITKV_HOST_DEVICE constexpr int live_model_wave_candidate(const Length* lengths, int batch, int kv_heads,
+                                                            int packed_rows, int num_sms, int ctas_per_sm) {
+  return ctas_per_sm == 1 ? live_model_wave_splits(lengths, batch, kv_heads, packed_rows, num_sms, ctas_per_sm) : 0;
+}
+
 // The least-score candidate (above), with its score.
 template <class Length>
 SPLITKV_HOST_DEVICE constexpr LiveModelKnobs live_model_knobs(const Length* lengths, int batch, int kv_heads,
@@ -557,8 +618,7 @@ SPLITKV_HOST_DEVICE constexpr LiveModelKnobs live_model_knobs(const Length* leng
                       live_max_splits(batch, kv_heads, packed_rows, num_sms), 0};
   best.score = live_model_score(lengths, batch, kv_heads, packed_rows, num_sms, ctas_per_sm,
                                 best.min_blocks_per_split, best.max_splits);
-  const int wave =
-      ctas_per_sm == 1 ? live_model_wave_splits(lengths, batch, kv_heads, packed_rows, num_sms, ctas_per_sm) : 0;
+  const int wave = live_model_wave_candidate(lengths, batch, kv_heads, packed_rows, num_sms, ctas_per_sm);
   constexpr int space = sizeof(kLiveModelMaxSplits) / sizeof(int);
   for (int i = wave > 0 ? -1 : 0; i < space; ++i) {
     const int max_splits = i < 0 ? wave : kLiveModelMaxSplits[i];
@@ -572,47 +632,6 @@ SPLITKV_HOST_DEVICE constexpr LiveModelKnobs live_model_knobs(const Length* leng
     }
   }
   return best;
-}
-
-// Lanes that fold one row of the partials together (merge_state.h; the combine kernel and the
-// fused merge lay their threads out by it, so both fold alike): one float4 each at head dims
-// 64 and 128, a warp's 32 lanes with wider shares at 96 and 256.
-SPLITKV_HOST_DEVICE constexpr int lanes_per_row(int head_dim) {
-  return head_dim % 64 == 0 && head_dim < 128 ? head_dim / 4 : 32;
-}
-
-// Whether the fused merge of one query tile is one row fold per thread of the last CTA. Past
-// that the last CTA merges rows one after another, and the combine kernel, spread over many
-// CTAs, is faster (docs/PERFORMANCE.md).
-SPLITKV_HOST_DEVICE constexpr bool fused_merge_fits(int packed_rows, int head_dim) {
-  const int block_m = block_m_for(packed_rows);
-  const int rows = block_m < packed_rows ? block_m : packed_rows;
-  return rows * lanes_per_row(head_dim) <= kNumWarps * 32;
-}
-
-SPLITKV_HOST_DEVICE constexpr int64_t align_up(int64_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
-
-// Byte offsets of the workspace's sections (params.h): O at 0, then m, then l, then for a paged /
-// variable-length launch (`live`) the plan's knob (one int32: the min_blocks_per_split a
-// load-aware launch chose, for its combine kernel); `total` is the size. No workspace with one
-// split.
-struct WorkspaceSections {
-  int64_t m_offset, l_offset, plan_offset, total;
-};
-
-SPLITKV_HOST_DEVICE constexpr WorkspaceSections workspace_sections(int num_splits, int batch, int q_heads, int q_len,
-                                                                   int head_dim, bool live = false) {
-  if (num_splits == 1) return WorkspaceSections{0, 0, 0, 0};
-  const int64_t rows = int64_t(num_splits) * batch * q_heads * q_len;
-  const int64_t o_bytes = align_up(rows * head_dim * 4);
-  const int64_t ml_bytes = align_up(rows * 4);
-  const int64_t plan_offset = o_bytes + 2 * ml_bytes;
-  return WorkspaceSections{o_bytes, o_bytes + ml_bytes, plan_offset, plan_offset + (live ? kWorkspaceAlign : 0)};
-}
-
-// The fused merge's counters: one int32 per query tile of each (batch, KV head).
-SPLITKV_HOST_DEVICE constexpr int64_t tile_counter_count(int batch, int kv_heads, int packed_rows) {
-  return int64_t(batch) * kv_heads * num_m_blocks(packed_rows);
 }
 
 }  // namespace rules
