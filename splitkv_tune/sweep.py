@@ -54,6 +54,10 @@ from splitkv_tune.tunables import Config, Shape
 GRID_MAX = 256
 TPE_DEFAULT_TRIALS = 64
 MAX_DUPLICATE_STREAK = 25
+# TPE proposals of configs already measured, in a row, after which a study takes its next
+# unmeasured candidate in grid order instead: on a shape of few candidates TPE keeps proposing
+# the ones it has seen, and the shape would end short of its trial target.
+FILL_AFTER_DUPLICATES = 5
 REBUILD_EVERY_S = 30.0
 REFERENCE_BACKEND_DEVICE = "cpu_reference"
 FATAL_CUDA_MARKERS = ("illegal memory access", "unspecified launch failure",
@@ -247,11 +251,11 @@ class ShapeRunner:
     def done(self) -> dict[Config, optuna.trial.FrozenTrial]:
         return records.measured_trials(self.study)
 
-    def _next_enqueue(self, done, running) -> tuple[Config | None, str]:
+    def _next_enqueue(self, done, running, duplicates: int = 0) -> tuple[Config | None, str]:
         for config, source in self.priority:
             if config not in done and config not in running:
                 return config, source
-        if self.mode == "grid":
+        if self.mode == "grid" or duplicates >= FILL_AFTER_DUPLICATES:
             return next(((c, "grid") for c in self.grid_order
                          if c not in done and c not in running), (None, ""))
         return None, "sampler"
@@ -325,7 +329,7 @@ class ShapeRunner:
                 return timed
             self.recovered += records.recover_interrupted(self.study)  # a worker may have died
             running = records.running_configs(self.study)
-            config, source = self._next_enqueue(done, running)
+            config, source = self._next_enqueue(done, running, streak)
             if config is None and self.mode == "grid":
                 return timed
             if config is not None:

@@ -195,6 +195,21 @@ def test_tpe_sampler_respects_trial_budget_and_enqueues_fa2_first(grid, tmp_path
     assert (first.source == "fa2").all()
 
 
+def test_tpe_that_proposes_only_measured_configs_still_reaches_the_trial_target(grid, tmp_path, monkeypatch):
+    # TPE on a shape of few candidates keeps proposing what it has seen; the study then takes
+    # its unmeasured candidates in grid order instead of ending short.
+    for sampler in (optuna.samplers.TPESampler, optuna.samplers.RandomSampler):  # TPE starts at random
+        monkeypatch.setattr(sampler, "sample_independent",
+                            lambda self, study, trial, name, distribution: distribution.choices[0])
+    out = tmp_path / "out"
+    result = run_sweep(grid, out, "--sampler", "tpe", "--trials", "4")
+    assert result.exit_code == 0, result.output
+    trials = read_trials(out)
+    assert trials.groupby("study").size().tolist() == [4, 4]
+    assert not trials.duplicated(["study"] + CONFIG_COLUMNS).any()
+    assert (trials.groupby("study").source.apply(lambda s: (s == "grid").any())).all()
+
+
 def test_table_command_rebuilds_from_storage(grid, tmp_path):
     out = tmp_path / "out"
     assert run_sweep(grid, out).exit_code == 0
