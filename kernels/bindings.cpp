@@ -4,6 +4,7 @@
 #include <torch/extension.h>
 #include <pybind11/stl.h>
 
+#include <ATen/cuda/EmptyTensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -115,6 +116,12 @@ Dims checked_dims(py::handle q_obj, py::handle k_obj, py::handle v_obj) {
     throw py::value_error("kv_len and q_len * (q_heads / kv_heads) must be at most " + std::to_string(rules::kMaxKeys));
   }
   return d;
+}
+
+// An uninitialised tensor on a CUDA device, from the caching allocator as at::empty's is, without
+// the dispatcher's round trip: one of the few things an eager call does besides its launch.
+at::Tensor empty_on_device(at::IntArrayRef sizes, at::ScalarType dtype, at::Device device) {
+  return at::Tensor(at::detail::empty_cuda(sizes, dtype, device, std::nullopt));
 }
 
 // The tensor itself when its rows are 16-byte aligned (the kernels' vector loads), else a copy.
@@ -303,9 +310,9 @@ std::pair<at::Tensor, at::Tensor> launch(py::handle q_obj, py::handle k_obj, py:
                           " max_splits=" + std::to_string(num_splits));
   }
 
-  at::Tensor out = at::empty(q.sizes(), q.options());
+  at::Tensor out = empty_on_device(q.sizes(), q.scalar_type(), q.device());
   at::Tensor lse;
-  if (return_lse) lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
+  if (return_lse) lse = empty_on_device({q.size(0), q.size(2), q.size(1)}, at::kFloat, q.device());
   const rules::WorkspaceSections sections =
       rules::workspace_sections(num_splits, p.batch, p.q_heads, p.q_len, head_dim, live);
   const bool captured = capturing(stream);

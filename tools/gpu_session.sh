@@ -2,7 +2,8 @@
 # Build, test and measure on a GPU host in one go; logs and results go under $OUT (or ./gpu-out).
 # Usage: [GPU=h100] tools/gpu_session.sh MODE...   (GPU defaults to h200; modes run in order)
 # test: GPU tests (~1 min); head-dims: sweep and compare of the D = 96/256 shapes (~4 min);
-# host-tuned: host cost with every tunable given (~30 s); eager: host cost and eager loops of the default call vs SDPA (~2 min); merge-ab: combine kernel vs fused merge on the small decode
+# host-tuned: host cost with every tunable given (~30 s); host-floor: the host path piece by piece
+# beside the bare CUDA launch (~1 min); eager: host cost and eager loops of the default call vs SDPA (~2 min); merge-ab: combine kernel vs fused merge on the small decode
 # shapes (~2 min); pdl-ab: the table's config with and without programmatic dependent launch
 # on the small decode shapes, two fixed-cost and two large ones (~1.5 min); sweep: quick grid
 # (~3 min); evaluate: selector regret on the GPU (~2 min); breakdown: kernel time per call
@@ -130,6 +131,12 @@ for mode in "$@"; do
         --peers sdpa_flash,sdpa_cudnn,flashinfer_decode,flashinfer_decode_tc,flashinfer_xqa --eager \
         --out "$out/compare_hd" --no-progress 2>&1 | tail -40 | tee "$out/compare_hd.log"
       ;;
+    host-floor)
+      # The host path piece by piece (tools/host_breakdown.py) beside what the CUDA calls under it
+      # cost without torch or Python (tools/launch_floor.cu).
+      { nvcc -O2 -std=c++17 -arch=sm_90 -Ikernels/include tools/launch_floor.cu -o "$out/launch_floor" &&
+          limit 60 "$out/launch_floor"; limit 120 python3 tools/host_breakdown.py; } 2>&1 | tee "$out/host_floor.log"
+      ;;
     host-tuned)
       # Host cost with every tunable given (S16 kv64, blocks) over the quick grid's D = 128 shapes.
       limit 120 splitkv-tune compare --grid quick --head-dim 128 --config 16,64,128,blocks --peers "" --eager \
@@ -217,7 +224,7 @@ for mode in "$@"; do
         --dtype ${part%%_*} --head-dim ${part##*_d} --sampler tpe --trials 24 --out "$dir" --no-progress \
         $( [ -f "$dir/optuna.journal" ] && echo --resume ) 2>&1 | tail -8 | tee -a "$out/dense_part.log"
       ;;
-    *) echo "usage: $0 MODE... (test, head-dims, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, compare-batch-eager, profile-live, batch-sweep, batch-evaluate, dense-part)" >&2; exit 2 ;;
+    *) echo "usage: $0 MODE... (test, head-dims, host-floor, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, compare-batch-eager, profile-live, batch-sweep, batch-evaluate, dense-part)" >&2; exit 2 ;;
   esac
   pack
 done

@@ -1,6 +1,7 @@
 """Host µs per eager call, piece by piece: the default call, every tunable given, the binding's
 one-crossing entry (`_C.attention`), the launch alone with every argument resolved
-(`_C.forward`, with and without programmatic launch), a bare `torch.empty_like(q)` and SDPA,
+(`_C.forward`, with and without programmatic launch), a bare `torch.empty_like(q)`, a pybind
+call of one int (the crossing alone) and SDPA,
 each timed as `eager_timing` times host cost (64 calls queued behind a GPU sleep; median,
 p20 and p80 of 200 samples). On a GPU host with the extension built:
 
@@ -51,6 +52,7 @@ def main():
                 "_C.forward resolved no PDL": lambda: ext.forward(q, k, v, None, False, plan.scale, *args[:4], False,
                                                                   args[4], False, None, None, 1, 1),
                 "torch.empty_like(q)": lambda: torch.empty_like(q),
+                "a pybind call of one int": lambda: _rules.num_m_blocks(16),
                 "sdpa (default backend)": lambda: torch.nn.functional.scaled_dot_product_attention(
                     q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True),
             }

@@ -77,7 +77,6 @@ template <typename Element, int kHeadDim, int kBlockM, int kBlockKV>
 void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmatic) {
   using Traits = SplitKernelTraits<kHeadDim, kBlockM, kBlockKV, Element>;
   const bool live = p.seqlens != nullptr;
-  auto kernel = live ? &split_kv_live_kernel<Traits> : &split_kv_kernel<Traits>;
   const int smem = live ? live_smem_bytes<Traits>(p) : Traits::kSmemBytes;
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
@@ -96,7 +95,13 @@ void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmat
   allow_dynamic_smem<Traits>(live, device, smem);
   const dim3 grid = live ? dim3(unsigned(live_grid_on<Traits>(p, device)))
                          : dim3(p.num_m_blocks, p.batch * p.kv_heads, p.num_splits);
-  launch_kernel(kernel, p, grid, dim3(Traits::kNThreads), smem, stream, programmatic, "split kernel launch");
+  if (live) {
+    launch_kernel<&split_kv_live_kernel<Traits>>(p, grid, dim3(Traits::kNThreads), smem, stream, programmatic,
+                                                 "split kernel launch");
+  } else {
+    launch_kernel<&split_kv_kernel<Traits>>(p, grid, dim3(Traits::kNThreads), smem, stream, programmatic,
+                                            "split kernel launch");
+  }
 }
 
 template <typename Element, int kHeadDim, int kBlockM, int kBlockKV>
