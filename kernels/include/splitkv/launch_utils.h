@@ -56,7 +56,11 @@ template <class Fn>
 Fn driver_entry(const char* name) {
   void* entry = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
   check_cuda(cudaGetDriverEntryPointByVersion(name, &entry, 12000, cudaEnableDefault, &found), name);
+#else  // CUDA 13 removed the unversioned query that 12.0-12.4 have
+  check_cuda(cudaGetDriverEntryPoint(name, &entry, cudaEnableDefault, &found), name);
+#endif
   if (found != cudaDriverEntryPointSuccess || entry == nullptr) {
     throw std::runtime_error(std::string("the CUDA driver has no ") + name);
   }
