@@ -133,11 +133,29 @@ def _torch_includes(tmp_path: Path) -> list[str]:
     return flags
 
 
+def _binding_cxx_standard() -> str:
+    """The C++ standard CMakeLists.txt compiles the binding with (torch 2.14's headers need 20)."""
+    found = re.search(r"target_compile_features\(_C PRIVATE cxx_std_(\d+)\)", (ROOT / "CMakeLists.txt").read_text())
+    assert found, "CMakeLists.txt names no C++ standard for _C"
+    return found.group(1)
+
+
 def test_binding_compiles(nvcc_flags, tmp_path):
+    """bindings.cpp as CMake compiles it: the C++ compiler, the binding's standard, torch's and
+    CUDA's headers."""
     import torch
-    cmd = nvcc_flags + _torch_includes(tmp_path) + [
-        f"-I{sysconfig.get_paths()['include']}", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-        "-Xcompiler", "-fPIC", "-c", str(ROOT / "kernels" / "bindings.cpp"), "-o", str(tmp_path / "bindings.o")]
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("needs a C++ compiler")
+    # CUDA's headers where nvcc itself finds them (nvcc may be a wrapper outside the toolkit).
+    (tmp_path / "empty.cu").write_text("")
+    dry = subprocess.run([nvcc_flags[0], "--dryrun", "-c", str(tmp_path / "empty.cu")], capture_output=True, text=True)
+    cuda_includes = re.findall(r'INCLUDES="(-I[^"]+)"', dry.stdout + dry.stderr)
+    assert cuda_includes, f"nvcc --dryrun names no include directory:\n{dry.stderr[-2000:]}"
+    cmd = [cxx, f"-std=c++{_binding_cxx_standard()}", "-fPIC", f"-I{ROOT / 'kernels' / 'include'}",
+           *cuda_includes, *_torch_includes(tmp_path), f"-I{sysconfig.get_paths()['include']}",
+           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", "-DTORCH_API_INCLUDE_EXTENSION_H",
+           "-DTORCH_EXTENSION_NAME=_C", "-c", str(ROOT / "kernels" / "bindings.cpp"), "-o", str(tmp_path / "bindings.o")]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
