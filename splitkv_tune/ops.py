@@ -202,20 +202,29 @@ class _Plan:
     """What one call signature (everything but the tensors' data and the KV length) launches
     with: the checked scalars, and the tunables per KV length (fixed when none is ``"auto"``)."""
 
-    __slots__ = ("shape", "device", "scale", "merge", "given", "fixed", "by_kv_len")
+    __slots__ = ("shape", "device", "scale", "merge", "given", "fixed", "by_kv_len", "lookup", "by_config")
     _MAX_KV_LENS = 4096  # distinct KV lengths remembered per signature (a decode loop grows it)
 
     def __init__(self, shape: Shape, device: int, softmax_scale, merge, enable_pdl, given: dict):
         self.shape, self.device, self.merge, self.given = shape, device, merge, given
         self.scale = _check_scalars(softmax_scale, merge, enable_pdl, shape.head_dim)
         self.by_kv_len: dict[int, tuple] = {}
-        self.fixed = None
+        self.by_config: dict[Config, tuple] = {}
+        self.fixed = self.lookup = None
         if not any(_is_auto(v) for v in given.values()):
             self.fixed = self._resolve(shape)
+        elif all(_is_auto(v) for v in given.values()):
+            # The default call: its config for any KV length is the class's precomputed answer
+            # (resolve_config adds nothing to it), so a decode loop whose KV length grows every
+            # step pays a bisection, not a resolution.
+            from splitkv_tune import selector
+            self.lookup = selector.class_lookup(shape, *_device_info(device))
 
     def _resolve(self, shape: Shape) -> tuple:
-        config = resolve_config(shape, self.device, **self.given)
-        fused = resolve_merge(shape, config, self.merge) == "fused"
+        return self._args(resolve_config(shape, self.device, **self.given))
+
+    def _args(self, config: Config) -> tuple:
+        fused = resolve_merge(self.shape, config, self.merge) == "fused"
         return (config.num_splits, config.block_kv, config.reduce_threads,
                 tunables.policy_codes()[config.split_policy], fused)
 
@@ -223,6 +232,12 @@ class _Plan:
         """``(num_splits, block_kv, reduce_threads, split_policy code, fused merge)``."""
         if self.fixed is not None:
             return self.fixed
+        if self.lookup is not None:
+            config = self.lookup.config(kv_len)
+            args = self.by_config.get(config)
+            if args is None:
+                args = self.by_config[config] = self._args(config)
+            return args
         args = self.by_kv_len.get(kv_len)
         if args is None:
             if len(self.by_kv_len) >= self._MAX_KV_LENS:

@@ -361,17 +361,21 @@ def _new_class(shape: Shape, device_name: str, num_sms: int, key: tuple):
     return found
 
 
-def auto_config(shape: Shape, device_name: str, num_sms: int) -> Config:
-    """What ``splitkv_attention(num_splits="auto")`` runs: :func:`select_shape`'s config.
-
-    The first call of a shape class (the shape but ``kv_len``) on a device finds the table
-    (``$SPLITKV_TUNE_TABLES`` as it is then, see :func:`clear_lookup_caches`) and precomputes
-    the answer for every ``kv_len`` (``splitkv_tune.lookup``); later calls, whatever their
-    ``kv_len``, are a dict lookup and a bisection.
-    """
+def class_lookup(shape: Shape, device_name: str, num_sms: int):
+    """The precomputed answers (``lookup.KvLenLookup``) of ``shape``'s class: the shape but
+    ``kv_len``, on a device. The first call of a class finds the table (``$SPLITKV_TUNE_TABLES``
+    as it is then, see :func:`clear_lookup_caches`) and precomputes the answer for every
+    ``kv_len``."""
     key = (shape.dtype, shape.head_dim, shape.causal, shape.batch, shape.q_heads,
            shape.kv_heads, shape.q_len, device_name, num_sms)
     found = _CLASSES.get(key)
     if found is None:
         found = _new_class(shape, device_name, num_sms, key)
-    return found.config(shape.kv_len)
+    return found
+
+
+def auto_config(shape: Shape, device_name: str, num_sms: int) -> Config:
+    """What ``splitkv_attention(num_splits="auto")`` runs: :func:`select_shape`'s config,
+    from :func:`class_lookup`: after a class's first call, whatever the ``kv_len``, a dict
+    lookup and a bisection."""
+    return class_lookup(shape, device_name, num_sms).config(shape.kv_len)

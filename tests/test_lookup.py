@@ -136,3 +136,20 @@ def test_plain_reader_gives_the_pandas_readers_errors(tmp_path):
         with pytest.raises(TableError) as plain_err:
             read_heuristics_records(path)
         assert str(plain_err.value) == str(pandas_err.value)
+
+
+@pytest.mark.parametrize("device,sms", [("NVIDIA H200", 132), ("Some GPU 9000", 20)])
+def test_the_default_calls_plan_resolves_every_kv_len_as_resolve_config(device, sms, random_shapes, monkeypatch):
+    """The eager call's plan with every tunable "auto" answers a new KV length from the class's
+    lookup; its launch arguments are those of the full resolution (table hits, bucket edges
+    and the capped small Sk included)."""
+    from splitkv_tune import ops
+    monkeypatch.setattr(ops, "_device_info", lambda index: (device, sms))
+    rng = random.Random(sms)
+    for shape in random_shapes(10, seed=sms):
+        plan = ops._Plan(shape, 0, None, "auto", True, dict.fromkeys(ops._TUNABLES, "auto"))
+        assert plan.lookup is not None and plan.fixed is None
+        kv_lens = [rng.randint(1, 2**17) for _ in range(25)] + [1, 2, 63, 64, 65, 4096, 4141, 16384]
+        for kv_len in kv_lens + kv_lens:  # the second pass reads what the first one kept
+            s = dataclasses.replace(shape, kv_len=kv_len)
+            assert plan.launch_args(kv_len) == plan._resolve(s), s

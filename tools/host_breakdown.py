@@ -1,18 +1,21 @@
-"""Host µs per eager call, piece by piece: the default call, every tunable given, the binding's
-one-crossing entry (`_C.attention`), the launch alone with every argument resolved
-(`_C.forward`, with and without programmatic launch), a bare `torch.empty_like(q)`, a pybind
-call of one int (the crossing alone) and SDPA,
-each timed as `eager_timing` times host cost (64 calls queued behind a GPU sleep; median,
-p20 and p80 of 200 samples). On a GPU host with the extension built:
+"""Host µs per eager call, piece by piece: the default call (also as in a decode loop, one more
+key every call), every tunable given, the binding's one-crossing entry (`_C.attention`), the
+launch alone with every argument resolved (`_C.forward`, with and without programmatic
+launch), a bare `torch.empty_like(q)`, a pybind call of one int (the crossing alone) and SDPA,
+each timed as `eager_timing` times host cost (64 calls queued behind a GPU sleep; median, p20
+and p80 of 200 samples). On a GPU host with the extension built:
 
     python3 tools/host_breakdown.py
 """
+import itertools
 import statistics
 import time
 
 import torch
 
 from splitkv_tune import _rules, ops
+
+GROWING_CALLS = 20 + 200 * 64  # per_call's calls: each sees a KV length it has not seen
 
 
 def per_call(fn, calls=64, reps=200):
@@ -36,13 +39,17 @@ def main():
     with torch.inference_mode():
         for (b, hkv, sq, sk) in [(1, 8, 1, 4096), (4, 8, 1, 16384), (1, 8, 4, 16384)]:
             q = torch.randn(b, sq, 32, 128, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(b, sk, hkv, 128, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn_like(k)
+            # One more key every call, as in an eager decode loop: views of longer K and V.
+            k_long = torch.randn(b, sk + GROWING_CALLS, hkv, 128, device="cuda", dtype=torch.bfloat16)
+            v_long = torch.randn_like(k_long)
+            k, v = k_long[:, :sk], v_long[:, :sk]
+            growing = itertools.cycle([(k_long[:, :n], v_long[:, :n]) for n in range(sk + 1, sk + GROWING_CALLS + 1)])
             plan = ops._plan_for((_rules.DTYPE_CODES["bf16"], 128, b, 32, hkv, sq, sk, 0), False, None,
                                  16, 64, 128, "blocks", "auto", True)
             args = plan.launch_args(sk)
             rows = {
                 "splitkv_attention auto": lambda: ops.splitkv_attention(q, k, v),
+                "splitkv_attention auto, Sk + 1 a call": lambda: ops.splitkv_attention(q, *next(growing)),
                 "splitkv_attention tuned": lambda: ops.splitkv_attention(q, k, v, num_splits=16, block_kv=64,
                                                                         reduce_threads=128, split_policy="blocks"),
                 "_C.attention tuned": lambda: ext.attention(q, k, v, False, None, 16, 64, 128, "blocks", "auto",
