@@ -25,8 +25,9 @@
   ``heuristics.csv`` are rebuilt from storage (atomically) at start, after the first trial
   timed ``REBUILD_EVERY_S`` seconds after the last rebuild, and on exit (SIGTERM included), so
   they follow the storage; a rebuild reads every trial of the storage (about a second at 6,000
-  trials, a seventh of a dense-grid shape's sweep), so it is not done per shape. Results in ``--out`` that the storage did not produce are not overwritten without
-  ``--force`` (``outdir``). A lost storage is rebuilt from ``trials.csv`` (``restore``).
+  trials, a seventh of a dense-grid shape's sweep), so it is not done per shape. Results in
+  ``--out`` that the storage did not produce are not overwritten without ``--force``
+  (``outdir``). A lost storage is rebuilt from ``trials.csv`` (``restore``).
 * SIGTERM stops the sweep once the trial in flight is recorded (``termination``): the files
   are rebuilt and the run is marked ``terminated``.
 """

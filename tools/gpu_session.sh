@@ -3,9 +3,10 @@
 # Usage: [GPU=h100] tools/gpu_session.sh MODE...   (GPU defaults to h200; modes run in order)
 # test: GPU tests (~1 min); head-dims: sweep and compare of the D = 96/256 shapes (~4 min);
 # host-tuned: host cost with every tunable given (~30 s); host-floor: the host path piece by piece
-# beside the bare CUDA launch (~1 min); eager: host cost and eager loops of the default call vs SDPA (~2 min); merge-ab: combine kernel vs fused merge on the small decode
-# shapes (~2 min); pdl-ab: the table's config with and without programmatic dependent launch
-# on the small decode shapes, two fixed-cost and two large ones (~1.5 min); sweep: quick grid
+# beside the bare CUDA launch (~1 min); eager: host cost and eager loops of the default call vs
+# SDPA (~2 min); merge-ab: combine kernel vs fused merge on the small decode shapes (~2 min);
+# pdl-ab: the table's config with and without programmatic dependent launch on the small
+# decode shapes, two fixed-cost and two large ones (~1.5 min); sweep: quick grid
 # (~3 min); evaluate: selector regret on the GPU (~2 min); breakdown: kernel time per call
 # (~1.5 min); compare: quick grid and causal prefill against the peers (~6 min); compare-batch:
 # the paged kernel on the skewed batches and a uniform one vs FlashInfer and padded cuDNN

@@ -5,7 +5,6 @@
 //
 //   nvcc -O2 -std=c++17 -arch=sm_90 -Ikernels/include tools/launch_floor.cu -o /tmp/launch_floor
 //   /tmp/launch_floor
-#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "splitkv/launch_utils.h"
 #include "splitkv/params.h"
 
 namespace {
@@ -89,32 +89,10 @@ int main() {
   row("cudaLaunchKernelEx, grid (1, 8, 16)", stream, [&] { launch_ex(false, dim3(1, 8, 16)); });
   row("cudaLaunchKernelEx, grid (1, 8, 16), programmatic", stream, [&] { launch_ex(true, dim3(1, 8, 16)); });
 
-  // The driver's entry with the function resolved once: what the runtime adds per launch.
-  cudaFunction_t function;
-  check(cudaGetFuncBySymbol(&function, reinterpret_cast<const void*>(&empty_split)), "cudaGetFuncBySymbol");
-  void* entry = nullptr;
-  cudaDriverEntryPointQueryResult found;
-  check(cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &entry, 12000, cudaEnableDefault, &found),
-        "cuLaunchKernelEx entry point");
-  const auto launch_driver = reinterpret_cast<decltype(&cuLaunchKernelEx)>(entry);
-  row("cuLaunchKernelEx (function resolved once), programmatic", stream, [&] {
-    CUlaunchConfig config = {};
-    config.gridDimX = 1;
-    config.gridDimY = 8;
-    config.gridDimZ = 16;
-    config.blockDimX = 128;
-    config.blockDimY = config.blockDimZ = 1;
-    config.hStream = stream;
-    CUlaunchAttribute attr[1];
-    attr[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr[0].value.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attr;
-    config.numAttrs = 1;
-    void* args[] = {&p};
-    if (launch_driver(&config, reinterpret_cast<CUfunction>(function), args, nullptr) != CUDA_SUCCESS) {
-      std::fprintf(stderr, "cuLaunchKernelEx failed\n");
-      std::exit(1);
-    }
+  // The extension's own launch (launch_utils.h): the driver's entry, the kernel's handle found
+  // once per device.
+  row("splitkv::launch_kernel, grid (1, 8, 16), programmatic", stream, [&] {
+    splitkv::launch_kernel<&empty_split>(p, dim3(1, 8, 16), dim3(128), 0, stream, true, "launch_kernel");
   });
   check(cudaStreamSynchronize(stream), "sync");
   return 0;

@@ -75,6 +75,12 @@ inline void check_driver(CUresult result, const char* what) {
   throw std::runtime_error(std::string(what) + ": " + (text ? text : "CUDA driver error " + std::to_string(result)));
 }
 
+// The driver's cuLaunchKernelEx, found once per process.
+inline auto driver_launch() {
+  static const auto launch = driver_entry<decltype(&cuLaunchKernelEx)>("cuLaunchKernelEx");
+  return launch;
+}
+
 // Kernel's driver handle in the current device's primary context, found once per device.
 // Launching through the driver with it skips the lookup that cudaLaunchKernelEx makes on every
 // launch: on an H200 host, 3.2 against 3.7 us a launch (tools/launch_floor.cu).
@@ -98,7 +104,6 @@ template <auto Kernel, class Params>
 void launch_kernel(const Params& params, dim3 grid, dim3 block, int smem_bytes, cudaStream_t stream,
                    bool programmatic, const char* what) {
   static_assert(std::is_same_v<decltype(Kernel), void (*)(Params)>, "Kernel must take Params by value");
-  static const auto launch = driver_entry<decltype(&cuLaunchKernelEx)>("cuLaunchKernelEx");
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   CUlaunchAttribute attr[1];
@@ -116,7 +121,7 @@ void launch_kernel(const Params& params, dim3 grid, dim3 block, int smem_bytes, 
   config.attrs = attr;
   config.numAttrs = programmatic && device_major() >= 9 ? 1 : 0;
   void* args[] = {const_cast<Params*>(&params)};
-  check_driver(launch(&config, driver_function<Kernel>(device), args, nullptr), what);
+  check_driver(driver_launch()(&config, driver_function<Kernel>(device), args, nullptr), what);
 }
 
 }  // namespace splitkv
