@@ -11,7 +11,9 @@
 # (~1.5 min); compare: quick grid and causal prefill against the peers (~6 min); compare-batch:
 # the paged kernel on the issue's skewed batches and a uniform one vs FlashInfer and padded cuDNN
 # SDPA (~5 min, FlashInfer's JIT included; compare_batch.md/.csv); profile-live: Nsight
-# Compute's warp stalls by source line on a few paged launches (~2.5 min); compare-batch-small: single
+# Compute's warp stalls by source line on a few paged launches (~2.5 min); profile-dense: CTAs and
+# active cycles per SM of equal-length launches at block_kv 32/64/128 (~1.5 min); kv-cliff: those
+# block_kv at one split with and without PDL, graph-replayed (~1.5 min); compare-batch-small: single
 # sequences, 64 x 2K and a log-normal batch vs FlashInfer (~2 min); compare-batch-eager: the
 # default paged call's eager loop and host cost beside FlashInfer's (~3 min); batch-sweep: sweep-batches
 # over configs/batches.yaml or $BATCH_GRID (~8 min, resumable; BATCH_SWEEP_TIMEOUT); batch-evaluate: the batch
@@ -103,6 +105,32 @@ for mode in "$@"; do
         ncu -i "$out/prof_$name.ncu-rep" --page source --csv --print-source cuda,sass >"$out/source_$name.csv" 2>>"$out/ncu.log"
         python3 tools/ncu_source_summary.py "$out/source_$name.csv" --top 15 | tee -a "$out/profile_live.log"
       done
+      ;;
+    profile-dense)
+      # The block_kv cliff at one split (B 8, 32 KV heads, 8K keys: kv64 ~1.33x kv32 and kv128):
+      # CTAs per SM (min/max over SMs), active cycles per SM, DRAM throughput and occupancy of one
+      # equal-length launch per "LENGTHS KNOBS" case ($PROFILE_DENSE_CASES, '|'-separated).
+      IFS='|' read -ra cases <<<"${PROFILE_DENSE_CASES:-uniform:8:8192 equal:1:32|uniform:8:8192 equal:1:64|uniform:8:8192 equal:1:128|uniform:8:8192 equal:4:64|uniform:4:8192 equal:1:64|uniform:16:8192 equal:1:64}"
+      metrics=sm__ctas_launched.sum,sm__ctas_launched.min,sm__ctas_launched.max,sm__cycles_active.min,sm__cycles_active.max,sm__cycles_active.avg,gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,launch__registers_per_thread,launch__shared_mem_per_block_dynamic
+      for c in "${cases[@]}"; do
+        set -- $c
+        echo "== $c" | tee -a "$out/profile_dense.log"
+        name=$(echo "$1_$2" | tr ':' '-')
+        limit 90 ncu --clock-control none --cache-control none -k regex:split_kv --launch-skip 12 --launch-count 1 \
+          --metrics "$metrics" --csv python3 tools/profile_live.py --lengths "$1" --knobs "$2" --q-heads 32 --kv-heads 32 \
+          >"$out/dense_$name.csv" 2>>"$out/ncu.log"
+        grep '^"' "$out/dense_$name.csv" | python3 -c "import csv,sys; [print(f'{r[-3]:60s} {r[-2]:>8s} {r[-1]}') for r in list(csv.reader(sys.stdin))[1:] if len(r) > 3]" | tee -a "$out/profile_dense.log"
+      done
+      ;;
+    kv-cliff)
+      # block_kv 32/64/128 with and without programmatic dependent launch, graph-replayed, on
+      # grids of 128 to 512 CTAs ("B HKV SK SPLITS"): one split of 32 KV heads, where block_kv 64
+      # (3 CTAs a SM) lost up to 1.33x in the dense sweep, and short calls of one batch row.
+      for s in "8 32 8192 1" "16 32 4096 1" "16 32 8192 1" "4 32 8192 1" "12 32 8192 1" "1 8 16384 16,24,32" "2 8 4096 8,16,24"; do
+        set -- $s
+        limit 60 splitkv-tune bench --batch $1 --q-heads 32 --kv-heads $2 --q-len 1 --kv-len $3 \
+          --splits $4 --block-kv 32,64,128 --pdl on,off 2>&1 | grep -v '^$'
+      done | tee "$out/kv_cliff.log"
       ;;
     merge-ab)
       # The combine kernel against the fused merge, side by side in one process per shape.
@@ -234,7 +262,7 @@ for mode in "$@"; do
         --dtype ${part%%_*} --head-dim ${part##*_d} --sampler tpe --trials 24 --out "$dir" --no-progress \
         $( [ -f "$dir/optuna.journal" ] && echo --resume ) 2>&1 | tail -8 | tee -a "$out/dense_part.log"
       ;;
-    *) echo "usage: $0 MODE... (test, head-dims, host-floor, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, compare-batch-eager, profile-live, batch-sweep, batch-evaluate, dense-part)" >&2; exit 2 ;;
+    *) echo "usage: $0 MODE... (test, head-dims, host-floor, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, compare-batch-eager, profile-live, profile-dense, kv-cliff, batch-sweep, batch-evaluate, dense-part)" >&2; exit 2 ;;
   esac
   pack
 done

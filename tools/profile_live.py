@@ -4,9 +4,9 @@
         --launch-count 1 --section SourceCounters -o REPORT \
         python3 tools/profile_live.py --lengths uniform:16:8192 --knobs auto
 
---knobs: ``auto``, ``load_aware``, ``M:S`` (min_blocks_per_split M, max_splits S), or ``equal:S``
-(the equal-length call with num_splits S on a contiguous cache of the batch's first length:
-the kernel the live one is compared with). The batch is compare-batch's (page 64, shuffled
+--knobs: ``auto``, ``load_aware``, ``M:S`` (min_blocks_per_split M, max_splits S), or
+``equal:S[:BKV]`` (the equal-length call with num_splits S and block_kv BKV, default 64, on a
+contiguous cache of the batch's first length: the kernel the live one is compared with). The batch is compare-batch's (page 64, shuffled
 pages); its times are the profiler's business, so this prints none.
 """
 from __future__ import annotations
@@ -37,10 +37,10 @@ def main(argv=None) -> None:
         shape = (len(lengths), lengths[0], args.kv_heads, args.head_dim)
         k = torch.randn(shape, device="cuda", dtype=batch.q.dtype)
         v = torch.randn_like(k)
-        splits = int(args.knobs.split(":")[1])
+        splits, block_kv = (int(x) for x in (args.knobs.split(":")[1:] + ["64"])[:2])
 
         def call():
-            return splitkv_attention(batch.q, k, v, num_splits=splits, block_kv=64)
+            return splitkv_attention(batch.q, k, v, num_splits=splits, block_kv=block_kv)
     else:
         knobs = {}
         if args.knobs == "load_aware":
