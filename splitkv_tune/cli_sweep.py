@@ -37,6 +37,7 @@ def _print_dry_run(summary: dict, plan, as_json: bool) -> None:
     for row in summary["shapes"]:
         click.echo(f"  {row['shape']:<44} candidates {row['candidates']:>4}  "
                    f"{row['sampler']:<4}  trials {row['trials']:>4}  "
+                   f"{'warm %2d  ' % row['warm'] if plan.warm_start is not None else ''}"
                    f"~{estimate.human_seconds(row['estimated_s']):>8}  "
                    f"{estimate.human_bytes(row['bytes']):>9}{'' if row['fits'] else '  TOO BIG'}")
     click.echo(f"{len(summary['shapes'])} shapes, {summary['total_trials']} trials, "
@@ -90,11 +91,17 @@ def _refuse_too_big(summary: dict) -> None:
                    "Default: measure in this process.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bars (default: on a terminal).")
+@click.option("--warm-start", "warm_paths", multiple=True, type=click.Path(dir_okay=False),
+              help="A trials.csv of an earlier sweep (repeatable): each shape first measures the "
+                   "configs that ran fastest on the same problem there, at the nearest dtype and "
+                   "head dim, e.g. an fp16 sweep started from the bf16 part's trials.")
+@click.option("--warm-start-top", type=click.IntRange(min=1, max=64), default=4, show_default=True,
+              help="How many of those configs each shape measures first.")
 @_timing_options
 @exit_2_on_bad_input
 def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, storage,
           study_prefix, backend, out_dir, dry_run, as_json, resume, force, seed, workers_text,
-          progress, warmup_s, min_reps, max_time_s):
+          progress, warm_paths, warm_start_top, warmup_s, min_reps, max_time_s):
     """Search the best config per shape with Optuna; write trials.csv and heuristics.csv."""
     from splitkv_tune import gpus
     from splitkv_tune import sweep as sweep_mod
@@ -130,7 +137,7 @@ def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, 
         time_budget_s=budget, resume=resume, seed=seed,
         timing=_timing(grid_obj.timing, warmup_s, min_reps, max_time_s),
         num_sms=_num_sms(backend, table_gpu), smem_limit=_smem_limit(backend, profile),
-        force=force, workers=count)
+        force=force, workers=count, warm_start=_warm_start(warm_paths, warm_start_top))
     summary = sweep_mod.dry_run_summary(plan)
     if dry_run:
         _print_dry_run(summary, plan, as_json)
@@ -138,6 +145,14 @@ def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, 
         return
     _refuse_too_big(summary)
     _run(sweep_mod, plan, progress)
+
+
+def _warm_start(paths, top):
+    """The warm start of --warm-start files, or None (a bad file ends in one error line)."""
+    if not paths:
+        return None
+    from splitkv_tune import warm_start
+    return warm_start.load(paths, top)
 
 
 def _run(sweep_mod, plan, progress) -> None:

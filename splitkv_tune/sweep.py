@@ -6,13 +6,15 @@
   RDB URL (``sqlite:///...``) or another journal path (``storage``). Every finished trial is in the
   journal the moment it is told, so a kill loses at most the trial in flight.
 * Sampler: ``grid`` measures every candidate of ``space.candidate_configs`` exactly once
-  (the order: FlashAttention-2's config, the current table winner, then a seeded shuffle),
+  (the order: FlashAttention-2's config, the current table winner, the warm start's configs
+  (``warm_start``: the fastest of the same problem at another dtype or head dim), then a
+  seeded shuffle),
   each one enqueued with ``enqueue_trial`` so the study's sampler is never consulted.
   Optuna's GridSampler/BruteForceSampler are not used: they call ``study.stop()``, which
   only works inside ``study.optimize`` (this driver uses ask/tell), and they do not count
   enqueued points as visited, so a resumed grid would re-run them;
-  ``tpe`` uses ``TPESampler(constant_liar=True)`` over the four tunables, projecting an
-  infeasible proposal onto the nearest candidate. ``auto`` picks grid when the trial budget
+  ``tpe`` measures the same first configs, then uses ``TPESampler(constant_liar=True)`` over
+  the four tunables, projecting an infeasible proposal onto the nearest candidate. ``auto`` picks grid when the trial budget
   covers every candidate (or there is no budget and at most ``GRID_MAX`` candidates).
   A config already finished in the study is never timed again: a repeat proposal is told
   the earlier result (user attr ``duplicate_of``) and left out of ``trials.csv``.
@@ -139,6 +141,7 @@ class SweepPlan:
     smem_limit: int | None = None
     force: bool = False
     workers: int = 0  # local worker processes; 0 measures in this process
+    warm_start: object = None  # warm_start.WarmStart: configs each study measures first
 
     @property
     def prefix(self) -> str:
@@ -179,8 +182,9 @@ def dry_run_summary(plan: SweepPlan) -> dict:
         trials = plan.trial_target(n)
         seconds = trials * estimate.trial_seconds(shape, plan.backend, plan.timing, copy_bw)
         needs = estimate.shape_bytes(shape, plan.backend, l2_bytes)
+        warm = len(plan.warm_start.for_shape(shape)) if plan.warm_start is not None else 0
         rows.append({"shape": space.shape_key(shape), "candidates": n,
-                     "sampler": plan.sampler_for(n), "trials": trials,
+                     "sampler": plan.sampler_for(n), "trials": trials, "warm": warm,
                      "estimated_s": seconds, "bytes": needs,
                      "fits": available is None or needs <= available})
     total = sum(r["trials"] for r in rows)
@@ -240,9 +244,10 @@ class ShapeRunner:
             if self.study.user_attrs.get(key) != value:  # each worker opens every study
                 self.study.set_user_attr(key, value)
         self.recovered = records.recover_interrupted(self.study)
-        priority = [space.fa2_config(shape, plan.num_sms)] + ([winner] if winner else [])
-        self.priority = [(project(c, self.candidates), src)
-                         for c, src in zip(priority, ("fa2", "table"))]
+        priority = [(space.fa2_config(shape, plan.num_sms), "fa2")] + ([(winner, "table")] if winner else [])
+        if plan.warm_start is not None:
+            priority += [(c, "warm") for c in plan.warm_start.for_shape(shape)]
+        self.priority = [(project(c, self.candidates), src) for c, src in priority]
         order = list(self.candidates)
         random.Random(f"{plan.seed}:{space.shape_key(shape)}").shuffle(order)
         self.grid_order = order

@@ -210,6 +210,33 @@ def test_tpe_that_proposes_only_measured_configs_still_reaches_the_trial_target(
     assert (trials.groupby("study").source.apply(lambda s: (s == "grid").any())).all()
 
 
+def test_warm_start_measures_the_other_dtypes_fastest_configs_first(grid, tmp_path):
+    # The earlier sweep: the tiny grid at the other dtype of each shape, two of its configs made
+    # fastest (not FlashAttention-2's, which every study measures first anyway).
+    assert run_sweep(grid, tmp_path / "earlier").exit_code == 0
+    earlier = read_trials(tmp_path / "earlier")
+    earlier["dtype"] = earlier["dtype"].map({"bf16": "fp16", "fp16": "bf16"})
+    chosen = {}
+    for study, rows in earlier.groupby("study"):
+        fa2 = tuple(rows[rows.source == "fa2"][CONFIG_COLUMNS].iloc[0])
+        picks = [i for i, r in rows.iterrows() if tuple(r[CONFIG_COLUMNS]) != fa2][-2:]
+        for rank, i in enumerate(picks):
+            earlier.loc[i, ["median_us", "p20_us", "p80_us"]] = 0.001 * (rank + 1)
+        chosen[rows.kv_len.iloc[0]] = [tuple(earlier.loc[i, CONFIG_COLUMNS]) for i in picks]
+    warm = tmp_path / "earlier_other_dtype.csv"
+    earlier.to_csv(warm, index=False)
+    out = tmp_path / "out"
+    result = run_sweep(grid, out, "--sampler", "tpe", "--trials", "3", "--warm-start", str(warm),
+                       "--warm-start-top", "2")
+    assert result.exit_code == 0, result.output
+    trials = read_trials(out).sort_values("trial")
+    for _, rows in trials.groupby("study"):
+        assert rows.source.tolist() == ["fa2", "warm", "warm"]
+        assert [tuple(r) for r in rows[CONFIG_COLUMNS].values[1:]] == chosen[rows.kv_len.iloc[0]]
+    bad = run_sweep(grid, tmp_path / "bad", "--warm-start", str(grid))
+    assert bad.exit_code == 2 and str(grid) in bad.output and "Traceback" not in bad.output
+
+
 def test_table_command_rebuilds_from_storage(grid, tmp_path):
     out = tmp_path / "out"
     assert run_sweep(grid, out).exit_code == 0

@@ -18,7 +18,8 @@
 # default paged call's eager loop and host cost beside FlashInfer's (~3 min); batch-sweep: sweep-batches
 # over configs/batches.yaml or $BATCH_GRID (~8 min, resumable; BATCH_SWEEP_TIMEOUT); batch-evaluate: the batch
 # table, then evaluate-batches on configs/batches_holdout.yaml or $HOLDOUT_GRID (~4 min); dense-part: a part of
-# configs/dense_decode.yaml, resumed (DENSE_PART, DENSE_TIMEOUT). COMPARE_BATCH_ARGS adds
+# configs/dense_decode.yaml, resumed (DENSE_PART, DENSE_TIMEOUT, DENSE_TRIALS, DENSE_WARM_START: a trials.csv
+# whose fastest configs each shape measures first). COMPARE_BATCH_ARGS adds
 # options (e.g. --plan 4:64 --peers sdpa_cudnn). The build
 # takes ~2.5 min first (wheels installed, two split kernels per instantiation).
 # Offline hosts: carry the wheels of gpu-wheelhouse.sh in .whl/ (installed to /tmp/site first).
@@ -259,7 +260,8 @@ for mode in "$@"; do
         limit 120 splitkv-tune restore-storage "$dir" 2>&1 | tee -a "$out/dense_part.log"
       fi
       limit ${DENSE_TIMEOUT:-300} splitkv-tune sweep --gpu "$flag" --grid configs/dense_decode.yaml \
-        --dtype ${part%%_*} --head-dim ${part##*_d} --sampler tpe --trials 24 --out "$dir" --no-progress \
+        --dtype ${part%%_*} --head-dim ${part##*_d} --sampler tpe --trials ${DENSE_TRIALS:-24} --out "$dir" --no-progress \
+        $( [ -n "${DENSE_WARM_START:-}" ] && echo --warm-start "$DENSE_WARM_START" ) \
         $( [ -f "$dir/optuna.journal" ] && echo --resume ) 2>&1 | tail -8 | tee -a "$out/dense_part.log"
       ;;
     *) echo "usage: $0 MODE... (test, head-dims, host-floor, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, compare-batch-eager, profile-live, profile-dense, kv-cliff, batch-sweep, batch-evaluate, dense-part)" >&2; exit 2 ;;

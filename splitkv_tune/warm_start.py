@@ -1,0 +1,74 @@
+"""Warm starts of a sweep: a shape's study first measures the configs that ran fastest on the
+same problem in earlier sweeps, at another dtype or head dim.
+
+The problem is the shape less its dtype and head dim: (causal, batch, q_heads, kv_heads, q_len,
+kv_len). fp16 and bf16 move the same bytes through the same tiles, so one dtype's ranking is a
+good first guess for the other; another head dim's is a rougher one. For each shape, the trials
+of the nearest source are used (same head dim first, then same dtype), their ``top`` fastest
+distinct ok configs in order, projected onto the shape's candidates by the sweep. The sampler
+then goes on as without a warm start; the warm configs count towards ``--trials``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from splitkv_tune.table_schema import read_trials
+from splitkv_tune.tunables import Config, Shape
+
+PROBLEM_COLUMNS = ("causal", "batch", "q_heads", "kv_heads", "q_len", "kv_len")
+
+
+def problem_key(shape: Shape) -> tuple:
+    """The shape less its dtype and head dim."""
+    return (int(bool(shape.causal)), shape.batch, shape.q_heads, shape.kv_heads, shape.q_len, shape.kv_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStart:
+    """Configs per problem and per (dtype, head_dim) of the trials, fastest first."""
+
+    configs: dict  # problem key -> {(dtype, head_dim): [Config, ...]}
+    top: int
+    sources: tuple = ()
+
+    def for_shape(self, shape: Shape) -> list[Config]:
+        """Up to ``top`` configs for ``shape``: those of the nearest (dtype, head_dim) that has any.
+
+        >>> ws = WarmStart({(0, 1, 32, 8, 1, 4096): {("bf16", 128): [Config(16, 64, 128, "blocks")],
+        ...                                          ("bf16", 64): [Config(8, 128, 128, "blocks")]}}, top=4)
+        >>> ws.for_shape(Shape("fp16", 128, 1, 32, 8, 1, 4096))
+        [Config(num_splits=16, block_kv=64, reduce_threads=128, split_policy='blocks')]
+        >>> ws.for_shape(Shape("fp16", 128, 2, 32, 8, 1, 4096))
+        []
+        """
+        found = self.configs.get(problem_key(shape), {})
+        if not found:
+            return []
+        nearest = min(found, key=lambda k: (k[1] != shape.head_dim, k[0] != shape.dtype, abs(k[1] - shape.head_dim), k))
+        return found[nearest][:self.top]
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+
+def load(paths, top: int) -> WarmStart:
+    """Read trials files (validated as every ``trials.csv``) into a :class:`WarmStart`.
+
+    A config timed more than once (several runs) counts at its fastest median."""
+    if top < 1:
+        raise ValueError(f"top must be >= 1, got {top}")
+    best: dict = {}
+    for path in paths:
+        frame = read_trials(path)
+        frame = frame[frame["status"] == "ok"]
+        for row in frame.itertuples(index=False):
+            key = (int(row.causal), int(row.batch), int(row.q_heads), int(row.kv_heads), int(row.q_len),
+                   int(row.kv_len))
+            group = (str(row.dtype), int(row.head_dim))
+            config = Config(int(row.num_splits), int(row.block_kv), int(row.reduce_threads), str(row.split_policy))
+            times = best.setdefault(key, {}).setdefault(group, {})
+            times[config] = min(float(row.median_us), times.get(config, float("inf")))
+    configs = {key: {group: sorted(times, key=lambda c: (times[c], dataclasses.astuple(c)))
+                     for group, times in groups.items()}
+               for key, groups in best.items()}
+    return WarmStart(configs, top, tuple(str(p) for p in paths))
