@@ -263,24 +263,37 @@ def _write_reports(df, out_csv, out_md, header: str) -> None:
               show_default=True, help="what is timed: the kernel, or the PyTorch reference on the CPU")
 @click.option("--out-csv", type=click.Path(dir_okay=False), default=None)
 @click.option("--out-md", type=click.Path(dir_okay=False), default=None)
+@click.option("--out-trials", type=click.Path(dir_okay=False), default=None,
+              help="measured: every timed config as a trials.csv, for --from-trials --table later")
 @shape_options
 @_exit_2_on_bad_input
-def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_md, **shape_kw):
+def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_md, out_trials, **shape_kw):
     """Regret (time / best - 1) of the selector, the FA2, FA3 and SGLang rules and S=1 per shape.
 
     With --from-trials: every measured shape is held out of the table and selected from the
-    rest (regret on shapes not in the table), plus the analytic fallback alone. Otherwise
-    each shape (--shapes-file or the shape options) is timed on this GPU: the selected config,
-    the baselines', S=1 and every config of the search space (a grid YAML's own space and timing).
+    rest (regret on shapes not in the table), plus the analytic fallback alone; with --table
+    too, the selector reads that table instead (held-out shapes timed with --out-trials,
+    replayed against a new table without a GPU). Otherwise each shape (--shapes-file or the
+    shape options) is timed on this GPU: the selected config, the baselines', S=1 and every
+    config of the search space (a grid YAML's own space and timing).
     """
     from splitkv_tune import evaluation
     check_output(out_csv, "--out-csv")
     check_output(out_md, "--out-md")
+    check_output(out_trials, "--out-trials")
     if trials is not None:
+        if out_trials:
+            _fail("--out-trials writes the configs a measured evaluate times; --from-trials times none")
         trial_rows = read_trials(trials)
         gpu = _gpu_name(gpu, trial_rows)
         if gpu is None:
             _fail(f"{trials} holds trials of several GPUs: name one with --gpu")
+        if table is not None:
+            loaded, where = _load_table(table, gpu)
+            df = evaluation.evaluate_trials(trial_rows, gpu, leave_one_out=False, table=loaded)
+            _write_reports(df, out_csv, out_md, f"# Selector regret of {where} on the shapes of {trials} "
+                                                f"(GPU {resolve_gpu(gpu)})\n")
+            return
         df = evaluation.evaluate_trials(trial_rows, gpu, leave_one_out=True)
         cmp = {n: evaluation.summarize(df[f"{n}_regret"]) for n in ("fallback", "fa2")}
         verdict = "better" if cmp["fallback"]["geomean"] < cmp["fa2"]["geomean"] else "NOT better"
@@ -298,8 +311,15 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
     if problem:
         _fail(problem)
     import pandas as pd
-    rows = [evaluation.measure_shape(s, gpu, {"backend": backend, **timing}, loaded, search_space)
+
+    from splitkv_tune import meta
+    timed = [] if out_trials else None
+    run_id = meta.make_run_id()
+    rows = [evaluation.measure_shape(s, gpu, {"backend": backend, **timing}, loaded, search_space, timed, run_id)
             for s in shapes]
+    if out_trials:
+        from splitkv_tune.table import atomic_write_csv
+        atomic_write_csv(Path(out_trials), pd.DataFrame(timed))
     _write_reports(pd.DataFrame(rows), out_csv, out_md,
                    f"# Selector regret measured on {resolve_gpu(gpu)} (table: {where})\n")
 

@@ -17,7 +17,7 @@ from splitkv_tune import space
 from splitkv_tune.baselines import baseline_configs
 from splitkv_tune.gpus import profile_for, resolve_gpu
 from splitkv_tune.selector import GENERIC_PROFILE, HeuristicTable, select_shape
-from splitkv_tune.table_schema import SHAPE_COLUMNS
+from splitkv_tune.table_schema import CONFIG_COLUMNS, SHAPE_COLUMNS
 from splitkv_tune.tunables import Config, Shape
 
 MATCHES = ("exact", "same S and block_kv", "same S", "nearest S")
@@ -78,16 +78,19 @@ def heuristics_from_trials(trials: pd.DataFrame, gpu: str) -> pd.DataFrame:
     return build_heuristics(trials.assign(gpu=resolve_gpu(gpu)), gpu=resolve_gpu(gpu))
 
 
-def evaluate_trials(trials: pd.DataFrame, gpu: str, leave_one_out: bool = True) -> pd.DataFrame:
+def evaluate_trials(trials: pd.DataFrame, gpu: str, leave_one_out: bool = True,
+                    table: HeuristicTable | None = None) -> pd.DataFrame:
     """Per measured shape: regret of the selector, the analytic fallback alone, the
-    FA2, FA3 (varlen) and SGLang rules (``baselines``) and S=1. With ``leave_one_out``
-    the shape's own row is removed from the table before selecting, so every selection is
-    for a shape not in the table."""
+    FA2, FA3 (varlen) and SGLang rules (``baselines``) and S=1. The selector reads ``table``
+    when one is given (held-out shapes timed by ``evaluate --out-trials``, replayed against
+    any table), else the table of ``trials`` themselves; with ``leave_one_out`` the shape's own
+    row is removed from that table before selecting, so every selection is for a shape not in
+    the table."""
     gpu = resolve_gpu(gpu)
     profile = profile_for(gpu) or GENERIC_PROFILE
     ok = _ok_trials(trials)
-    heur = heuristics_from_trials(ok, gpu)
-    full = HeuristicTable(heur, gpu=gpu)
+    heur = heuristics_from_trials(ok, gpu) if table is None else table.frame
+    full = HeuristicTable(heur, gpu=gpu) if table is None else table
     out = []
     for _, group in ok.groupby(SHAPE_COLUMNS, sort=True):
         shape = shape_of(group.iloc[0])
@@ -126,10 +129,25 @@ def fallback_vs_fa2(trials_df: pd.DataFrame, gpu: str = "nvidia_h200") -> dict:
     return res
 
 
+def trial_row(shape: Shape, cfg: Config, timing, gpu: str, run_id: str) -> dict:
+    """One timed config in the columns ``read_trials`` validates (a ``trials.csv`` row)."""
+    ok = timing.status == "ok"
+    row = {c: (int(shape.causal) if c == "causal" else getattr(shape, c)) for c in SHAPE_COLUMNS}
+    row.update({c: getattr(cfg, c) for c in CONFIG_COLUMNS})
+    row.update(gpu=resolve_gpu(gpu), median_us=timing.median_us if ok else None,
+               p20_us=timing.p20_us if ok else None, p80_us=timing.p80_us if ok else None,
+               n=timing.n, status=timing.status, reason=timing.reason,
+               gbps=timing.gbps(shape.bytes_moved()) if ok else None, frac_copy_bw=None, run_id=run_id)
+    return row
+
+
 def measure_shape(shape: Shape, gpu: str, bench_kwargs: dict, table,
-                  search_space: space.SearchSpace = space.SearchSpace()) -> dict:
+                  search_space: space.SearchSpace = space.SearchSpace(),
+                  trial_rows: list | None = None, run_id: str = "") -> dict:
     """Time the selected config, the baselines' (FA2, FA3, SGLang), S=1 and every config of
-    ``search_space``.
+    ``search_space``; each timed config is appended to ``trial_rows`` (when given) as a
+    ``trials.csv`` row of run ``run_id``, so that the shapes can be replayed against other
+    tables without a GPU (:func:`evaluate_trials` with ``table``).
 
     ``bench_kwargs`` go to :class:`bench.ShapeBench` (``backend="reference"`` runs on the CPU).
     """
@@ -145,6 +163,8 @@ def measure_shape(shape: Shape, gpu: str, bench_kwargs: dict, table,
     for cfg in dict.fromkeys(cands + [sel.config, *bases.values()]):
         timing = bench.measure(cfg)
         times[cfg] = timing.median_us if timing.status == "ok" else float("nan")
+        if trial_rows is not None:
+            trial_rows.append(trial_row(shape, cfg, timing, gpu, run_id))
     good = {c: t for c, t in times.items() if t == t}
     if not good:
         raise RuntimeError(f"every config failed on {space.shape_key(shape)}")

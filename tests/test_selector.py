@@ -177,6 +177,37 @@ def test_evaluate_times_every_rule_on_the_reference_backend(tmp_path):
     assert "geometric-mean regret" in result.output
 
 
+def test_evaluate_keeps_its_timings_for_a_replay_against_another_table(tmp_path):
+    """--out-trials writes every timed config as a valid trials.csv; --from-trials with --table
+    replays the selector of that table on those shapes without timing anything, and the
+    regrets of the rules that do not read the table come out as measured."""
+    from click.testing import CliRunner
+
+    from splitkv_tune.cli_tables import evaluate
+    from splitkv_tune.table_schema import read_trials
+    grid = _tiny_grid(tmp_path, "[1, 2, 4]", max_time_s=0.0)
+    measured, timed = tmp_path / "ev.csv", tmp_path / "held_out_trials.csv"
+    table = str(FIXTURES / "heuristics.csv")
+    result = CliRunner().invoke(evaluate, ["--gpu", "h200", "--backend", "reference", "--shapes-file", str(grid),
+                                           "--table", table, "--out-csv", str(measured),
+                                           "--out-trials", str(timed)])
+    assert result.exit_code == 0, result.output
+    trials = read_trials(timed)
+    assert set(trials["num_splits"]) >= {1, 2, 4} and (trials["status"] == "ok").all()
+    assert trials["run_id"].nunique() == 1
+    replayed = tmp_path / "replay.csv"
+    result = CliRunner().invoke(evaluate, ["--gpu", "h200", "--from-trials", str(timed), "--table", table,
+                                           "--out-csv", str(replayed)])
+    assert result.exit_code == 0, result.output
+    first, again = pd.read_csv(measured).iloc[0], pd.read_csv(replayed).iloc[0]
+    assert again["best_us"] == pytest.approx(first["best_us"])
+    for rule in ("selector", "fa2", "s1"):
+        assert again[f"{rule}_regret"] == pytest.approx(first[f"{rule}_regret"])
+    both = CliRunner().invoke(evaluate, ["--gpu", "h200", "--from-trials", str(timed), "--out-trials",
+                                         str(tmp_path / "x.csv")])
+    assert both.exit_code == 2 and "--out-trials" in both.output
+
+
 def test_evaluate_takes_the_grid_timing_unless_overridden(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
@@ -185,7 +216,7 @@ def test_evaluate_takes_the_grid_timing_unless_overridden(tmp_path, monkeypatch)
     grid = _tiny_grid(tmp_path, "[1, 2]", max_time_s=0.01)
     seen = []
 
-    def fake_measure(shape, gpu, bench_kwargs, table, search_space):
+    def fake_measure(shape, gpu, bench_kwargs, table, search_space, trial_rows, run_id):
         seen.append((bench_kwargs, search_space.num_splits))
         return {c: getattr(shape, c) for c in ("dtype", "head_dim", "batch", "q_heads",
                                                "kv_heads", "q_len", "kv_len")} | {

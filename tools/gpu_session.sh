@@ -7,7 +7,8 @@
 # SDPA (~2 min); merge-ab: combine kernel vs fused merge on the small decode shapes (~2 min);
 # pdl-ab: the table's config with and without programmatic dependent launch on the small
 # decode shapes, two fixed-cost and two large ones (~1.5 min); sweep: quick grid
-# (~3 min); evaluate: selector regret on the GPU (~2 min); breakdown: kernel time per call
+# (~3 min); evaluate: selector regret on the GPU (~2 min); evaluate-holdout: the same on the 36
+# held-out real-model shapes, every timed config kept (~5 min); breakdown: kernel time per call
 # (~1.5 min); compare: quick grid and causal prefill against the peers (~6 min); compare-batch:
 # the paged kernel on the issue's skewed batches and a uniform one vs FlashInfer and padded cuDNN
 # SDPA (~5 min, FlashInfer's JIT included; compare_batch.md/.csv); profile-live: Nsight
@@ -188,6 +189,13 @@ for mode in "$@"; do
       limit 240 splitkv-tune evaluate --gpu "$flag" --shapes-file configs/evaluate.yaml \
         --out-csv results/$gpu/evaluate_gpu.csv --out-md results/$gpu/evaluate_gpu.md 2>&1 | tail -20 | tee "$out/evaluate.log"
       ;;
+    evaluate-holdout)
+      # The selector on the 36 held-out real-model shapes, every timed config kept
+      # (holdout_models_trials.csv) for offline replays against later tables.
+      limit ${HOLDOUT_TIMEOUT:-480} splitkv-tune evaluate --gpu "$flag" --shapes-file configs/models_holdout.yaml \
+        --out-csv results/$gpu/evaluate_holdout.csv --out-md results/$gpu/evaluate_holdout.md \
+        --out-trials results/$gpu/holdout_models_trials.csv 2>&1 | tail -50 | tee "$out/evaluate_holdout.log"
+      ;;
     breakdown)
       # Kernel time per call at the table's config (issue 2: the combine kernel's share).
       IFS='|' read -ra shapes <<<"$small_decode"
@@ -264,7 +272,7 @@ for mode in "$@"; do
         $( [ -n "${DENSE_WARM_START:-}" ] && echo --warm-start "$DENSE_WARM_START" ) \
         $( [ -f "$dir/optuna.journal" ] && echo --resume ) 2>&1 | tail -8 | tee -a "$out/dense_part.log"
       ;;
-    *) echo "usage: $0 MODE... (test, head-dims, host-floor, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, compare-batch-eager, profile-live, profile-dense, kv-cliff, batch-sweep, batch-evaluate, dense-part)" >&2; exit 2 ;;
+    *) echo "usage: $0 MODE... (test, head-dims, host-floor, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, compare-batch-eager, profile-live, profile-dense, kv-cliff, evaluate-holdout, batch-sweep, batch-evaluate, dense-part)" >&2; exit 2 ;;
   esac
   pack
 done
