@@ -90,6 +90,16 @@ void check_live_model_args(const char* name, const std::vector<int>& lengths, in
   }
 }
 
+// Binds one of the model's split counts of a batch, fn(lengths, batch, kv_heads, packed_rows,
+// num_sms, ctas_per_sm), under `name`, with its arguments checked as check_live_model_args does.
+void def_live_model_count(py::module_& m, const char* name, int (*fn)(const int*, int, int, int, int, int)) {
+  m.def(name, [name, fn](const std::vector<int>& lengths, int64_t kv_heads, int64_t packed_rows, int64_t num_sms,
+                         int64_t ctas_per_sm) {
+    check_live_model_args(name, lengths, kv_heads, packed_rows, num_sms, ctas_per_sm);
+    return fn(lengths.data(), int(lengths.size()), int(kv_heads), int(packed_rows), int(num_sms), int(ctas_per_sm));
+  }, py::arg("lengths"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"), py::arg("ctas_per_sm"));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_rules, m) {
@@ -213,18 +223,8 @@ PYBIND11_MODULE(_rules, m) {
     const rules::LivePlanRate rate = rules::live_model_rate(ctas_per_sm);
     return py::make_tuple(rate.idle16, rate.floor16);
   }, py::arg("ctas_per_sm"));
-  m.def("live_model_wave_splits", [](const std::vector<int>& lengths, int64_t kv_heads, int64_t packed_rows,
-                                     int64_t num_sms, int64_t ctas_per_sm) {
-    check_live_model_args("live_model_wave_splits", lengths, kv_heads, packed_rows, num_sms, ctas_per_sm);
-    return rules::live_model_wave_splits(lengths.data(), int(lengths.size()), int(kv_heads), int(packed_rows),
-                                         int(num_sms), int(ctas_per_sm));
-  }, py::arg("lengths"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"), py::arg("ctas_per_sm"));
-  m.def("live_model_wave_candidate", [](const std::vector<int>& lengths, int64_t kv_heads, int64_t packed_rows,
-                                        int64_t num_sms, int64_t ctas_per_sm) {
-    check_live_model_args("live_model_wave_candidate", lengths, kv_heads, packed_rows, num_sms, ctas_per_sm);
-    return rules::live_model_wave_candidate(lengths.data(), int(lengths.size()), int(kv_heads), int(packed_rows),
-                                            int(num_sms), int(ctas_per_sm));
-  }, py::arg("lengths"), py::arg("kv_heads"), py::arg("packed_rows"), py::arg("num_sms"), py::arg("ctas_per_sm"));
+  def_live_model_count(m, "live_model_wave_splits", &rules::live_model_wave_splits<int>);
+  def_live_model_count(m, "live_model_wave_candidate", &rules::live_model_wave_candidate<int>);
   py::dict live_model;
   live_model["min_blocks_per_split"] = as_tuple(rules::kLiveModelMinBlocks);
   live_model["max_splits"] = as_tuple(rules::kLiveModelMaxSplits);

@@ -129,11 +129,15 @@ def fallback_vs_fa2(trials_df: pd.DataFrame, gpu: str = "nvidia_h200") -> dict:
     return res
 
 
+def shape_columns(shape: Shape) -> dict:
+    """The shape as the tables' shape columns (``causal`` as 0 or 1)."""
+    return {c: (int(shape.causal) if c == "causal" else getattr(shape, c)) for c in SHAPE_COLUMNS}
+
+
 def trial_row(shape: Shape, cfg: Config, timing, gpu: str, run_id: str) -> dict:
     """One timed config in the columns ``read_trials`` validates (a ``trials.csv`` row)."""
     ok = timing.status == "ok"
-    row = {c: (int(shape.causal) if c == "causal" else getattr(shape, c)) for c in SHAPE_COLUMNS}
-    row.update({c: getattr(cfg, c) for c in CONFIG_COLUMNS})
+    row = shape_columns(shape) | {c: getattr(cfg, c) for c in CONFIG_COLUMNS}
     row.update(gpu=resolve_gpu(gpu), median_us=timing.median_us if ok else None,
                p20_us=timing.p20_us if ok else None, p80_us=timing.p80_us if ok else None,
                n=timing.n, status=timing.status, reason=timing.reason,
@@ -170,7 +174,7 @@ def measure_shape(shape: Shape, gpu: str, bench_kwargs: dict, table,
         raise RuntimeError(f"every config failed on {space.shape_key(shape)}")
     best_cfg = min(good, key=good.get)
     s1 = min((t for c, t in good.items() if c.num_splits == 1), default=float("nan"))
-    rec = {c: (int(shape.causal) if c == "causal" else getattr(shape, c)) for c in SHAPE_COLUMNS}
+    rec = shape_columns(shape)
     rec.update(best_us=good[best_cfg], best_config=space.config_key(best_cfg),
                selector_config=space.config_key(sel.config), selector_kind=sel.kind,
                selector_us=times[sel.config], s1_us=s1)

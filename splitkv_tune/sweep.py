@@ -14,8 +14,9 @@
   only works inside ``study.optimize`` (this driver uses ask/tell), and they do not count
   enqueued points as visited, so a resumed grid would re-run them;
   ``tpe`` measures the same first configs, then uses ``TPESampler(constant_liar=True)`` over
-  the four tunables, projecting an infeasible proposal onto the nearest candidate. ``auto`` picks grid when the trial budget
-  covers every candidate (or there is no budget and at most ``GRID_MAX`` candidates).
+  the four tunables, projecting an infeasible proposal onto the nearest candidate. ``auto``
+  picks grid when the trial budget covers every candidate (or there is no budget and at most
+  ``GRID_MAX`` candidates).
   A config already finished in the study is never timed again: a repeat proposal is told
   the earlier result (user attr ``duplicate_of``) and left out of ``trials.csv``.
 * Failures (invalid config, launch error, wrong output) are FAIL trials whose record has a

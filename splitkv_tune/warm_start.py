@@ -18,9 +18,9 @@ from splitkv_tune.tunables import Config, Shape
 PROBLEM_COLUMNS = ("causal", "batch", "q_heads", "kv_heads", "q_len", "kv_len")
 
 
-def problem_key(shape: Shape) -> tuple:
-    """The shape less its dtype and head dim."""
-    return (int(bool(shape.causal)), shape.batch, shape.q_heads, shape.kv_heads, shape.q_len, shape.kv_len)
+def problem_key(shape) -> tuple:
+    """The shape (a :class:`Shape` or a trials row) less its dtype and head dim."""
+    return tuple(int(getattr(shape, c)) for c in PROBLEM_COLUMNS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +29,6 @@ class WarmStart:
 
     configs: dict  # problem key -> {(dtype, head_dim): [Config, ...]}
     top: int
-    sources: tuple = ()
 
     def for_shape(self, shape: Shape) -> list[Config]:
         """Up to ``top`` configs for ``shape``: those of the nearest (dtype, head_dim) that has any.
@@ -47,9 +46,6 @@ class WarmStart:
         nearest = min(found, key=lambda k: (k[1] != shape.head_dim, k[0] != shape.dtype, abs(k[1] - shape.head_dim), k))
         return found[nearest][:self.top]
 
-    def __len__(self) -> int:
-        return len(self.configs)
-
 
 def load(paths, top: int) -> WarmStart:
     """Read trials files (validated as every ``trials.csv``) into a :class:`WarmStart`.
@@ -62,13 +58,11 @@ def load(paths, top: int) -> WarmStart:
         frame = read_trials(path)
         frame = frame[frame["status"] == "ok"]
         for row in frame.itertuples(index=False):
-            key = (int(row.causal), int(row.batch), int(row.q_heads), int(row.kv_heads), int(row.q_len),
-                   int(row.kv_len))
             group = (str(row.dtype), int(row.head_dim))
             config = Config(int(row.num_splits), int(row.block_kv), int(row.reduce_threads), str(row.split_policy))
-            times = best.setdefault(key, {}).setdefault(group, {})
+            times = best.setdefault(problem_key(row), {}).setdefault(group, {})
             times[config] = min(float(row.median_us), times.get(config, float("inf")))
     configs = {key: {group: sorted(times, key=lambda c: (times[c], dataclasses.astuple(c)))
                      for group, times in groups.items()}
                for key, groups in best.items()}
-    return WarmStart(configs, top, tuple(str(p) for p in paths))
+    return WarmStart(configs, top)

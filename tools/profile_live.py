@@ -6,8 +6,9 @@
 
 --knobs: ``auto``, ``load_aware``, ``M:S`` (min_blocks_per_split M, max_splits S), or
 ``equal:S[:BKV]`` (the equal-length call with num_splits S and block_kv BKV, default 64, on a
-contiguous cache of the batch's first length: the kernel the live one is compared with). The batch is compare-batch's (page 64, shuffled
-pages); its times are the profiler's business, so this prints none.
+contiguous cache of the batch's first length: the kernel the live one is compared with). The
+paged batch is compare-batch's (page 64, shuffled pages); its times are the profiler's
+business, so this prints none.
 """
 from __future__ import annotations
 
@@ -30,18 +31,18 @@ def main(argv=None) -> None:
     parser.add_argument("--calls", type=int, default=20)
     args = parser.parse_args(argv)
     lengths = batches.parse_lengths(args.lengths)
-    batch = paged_batch.make_paged_batch(lengths, q_heads=args.q_heads, kv_heads=args.kv_heads,
-                                         head_dim=args.head_dim, q_len=1, dtype="bf16",
-                                         page_size=args.page_size, device="cuda")
-    if args.knobs.startswith("equal:"):
-        shape = (len(lengths), lengths[0], args.kv_heads, args.head_dim)
-        k = torch.randn(shape, device="cuda", dtype=batch.q.dtype)
+    if args.knobs.startswith("equal:"):  # no page pool: only the contiguous cache is read
+        q = torch.randn(len(lengths), 1, args.q_heads, args.head_dim, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(len(lengths), lengths[0], args.kv_heads, args.head_dim, device="cuda", dtype=q.dtype)
         v = torch.randn_like(k)
         splits, block_kv = (int(x) for x in (args.knobs.split(":")[1:] + ["64"])[:2])
 
         def call():
-            return splitkv_attention(batch.q, k, v, num_splits=splits, block_kv=block_kv)
+            return splitkv_attention(q, k, v, num_splits=splits, block_kv=block_kv)
     else:
+        batch = paged_batch.make_paged_batch(lengths, q_heads=args.q_heads, kv_heads=args.kv_heads,
+                                             head_dim=args.head_dim, q_len=1, dtype="bf16",
+                                             page_size=args.page_size, device="cuda")
         knobs = {}
         if args.knobs == "load_aware":
             knobs = {"split_plan": "load_aware"}
