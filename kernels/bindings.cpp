@@ -429,6 +429,14 @@ PYBIND11_MODULE(_C, m) {
     p.plan_choices = plan_choices;
     return live_grid_ctas(p, static_cast<DType>(dtype), head_dim, rules::block_m_for(packed_rows), block_kv);
   }, "CTAs of a paged / variable-length launch on that device (the load-aware plan's grid)");
+  m.def("equal_launch_residency", [](int device, int dtype, int head_dim, int block_m, int block_kv, int64_t ctas,
+                                     bool programmatic) {
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    const Residency r = equal_launch_residency(static_cast<DType>(dtype), head_dim, block_m, block_kv, ctas,
+                                               programmatic);
+    return py::make_tuple(r.ctas_per_sm, r.smem_bytes, r.resident_per_sm);
+  }, "(CTAs a SM may hold, dynamic shared memory of each, CTAs a SM holds at the kernel's own size) of an "
+     "equal-length launch of that many CTAs on that device (0 CTAs a SM: no limit; 0 resident: not asked)");
   m.def("split_smem_bytes", [](int dtype, int head_dim, int block_m, int block_kv) {
     return split_smem_bytes(static_cast<DType>(dtype), head_dim, block_m, block_kv);
   });

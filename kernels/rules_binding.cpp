@@ -243,6 +243,10 @@ PYBIND11_MODULE(_rules, m) {
         py::arg("live") = false);
   m.def("tile_counter_count", &rules::tile_counter_count, py::arg("batch"), py::arg("kv_heads"),
         py::arg("packed_rows"));
+  m.def("spread_ctas_per_sm", &rules::spread_ctas_per_sm, py::arg("ctas"), py::arg("num_sms"),
+        py::arg("resident_per_sm"));
+  m.def("smem_for_ctas_per_sm", &rules::smem_for_ctas_per_sm, py::arg("per_sm"), py::arg("sm_bytes"),
+        py::arg("reserved_bytes"), py::arg("kernel_bytes"));
 
   py::dict codes;
   codes["fp16"] = int(DType::kFp16);

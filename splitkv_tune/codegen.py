@@ -71,6 +71,7 @@ def instantiation_files() -> dict[str, str]:
             f"template void run_split_kernel<{ELEMENT[dt]}, {hd}, {bm}, {bkv}>("
             "const SplitParams&, cudaStream_t, bool);\n"
             f"template int live_grid<{ELEMENT[dt]}, {hd}, {bm}, {bkv}>(const SplitParams&);\n"
+            f"template Residency equal_launch_residency<{ELEMENT[dt]}, {hd}, {bm}, {bkv}>(int64_t, bool);\n"
             "}  // namespace splitkv\n")
     for dt in tunables.DTYPES:
         for hd in tunables.HEAD_DIMS:

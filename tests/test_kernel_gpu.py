@@ -479,6 +479,48 @@ def test_programmatic_launch_waits_for_the_previous_kernel(ops, cuda_gen, merge,
         assert torch.equal(captured[step], plain[step]), f"graph PDL call {step - 1} differs"
 
 
+def test_one_wave_launches_are_spread_over_the_sms(ops, cuda_gen):
+    """A programmatic equal-length launch whose grid is one wave needing more than one CTA a SM
+    takes the shared memory that holds each SM to ceil(CTAs / SMs) (rules.h spread_ctas_per_sm
+    and smem_for_ctas_per_sm, the count confirmed by the occupancy calculator); every other
+    launch keeps the kernel's own size. A spread launch gives the plain launch's bits."""
+    from splitkv_tune import _C, _rules
+    props = torch.cuda.get_device_properties(0)
+    sms, sm_bytes = props.multi_processor_count, props.shared_memory_per_multiprocessor
+    reserved = sm_bytes - props.shared_memory_per_block_optin
+    code = tunables.dtype_codes()["bf16"]
+    spread = []
+    for block_kv in tunables.block_kvs_for(128):
+        own = tunables.smem_bytes(128, block_kv, 16)
+        for ctas in (sms, sms + 1, 2 * sms, 2 * sms + 1, 3 * sms, 33 * sms):
+            plain = _C.equal_launch_residency(0, code, 128, 16, block_kv, ctas, False)
+            assert plain == (0, own, 0)
+            per_sm, bytes_, resident = _C.equal_launch_residency(0, code, 128, 16, block_kv, ctas, True)
+            if props.major < 9:
+                assert (per_sm, bytes_) == (0, own)
+                continue
+            assert 1 <= resident <= 32
+            assert per_sm == _rules.spread_ctas_per_sm(ctas, sms, resident)
+            if per_sm:
+                assert bytes_ > own and per_sm * (bytes_ + reserved) <= sm_bytes < (per_sm + 1) * (bytes_ + reserved)
+                spread.append((block_kv, ctas))
+            else:
+                assert bytes_ == own
+    if props.major < 9:
+        return
+    assert spread, "no launch of the sample was spread"
+    block_kv, ctas = spread[0]
+    # ctas CTAs: one sequence of ctas KV heads, one query row each, one split
+    c = {**_case("bf16", 128, False, 1, 300, (ctas, ctas), 1, block_kv, "blocks", return_lse=False), "batch": 1}
+    q, k, v = _inputs(c, cuda_gen)
+    plain = _call(ops, q, k, v, c, enable_pdl=False)
+    chained = [_call(ops, q, k, v, c, enable_pdl=True) for _ in range(3)]
+    torch.cuda.synchronize()
+    ref_out, _, pt_out = references(q, k, v, False)
+    assert_rule(plain, ref_out, pt_out)
+    assert all(torch.equal(out, plain) for out in chained)
+
+
 def test_torch_compile(ops, cuda_gen):
     c = _small_case(num_splits=4)
     q, k, v = _inputs(c, cuda_gen)

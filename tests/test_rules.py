@@ -101,3 +101,30 @@ def test_size_classes_are_octaves_of_blocks_per_split():
     assert [_rules.size_class(n) for n in (0, 1, 2, 3, 4, 1 << 26)] == [31, 31, 30, 30, 29, 5]
     with pytest.raises(ValueError, match="blocks_per_split >= 0"):
         _rules.size_class(-1)
+
+
+@pytest.mark.parametrize("ctas,resident,per_sm", [
+    (132, 3, 0),   # one CTA a SM: nothing to spread
+    (133, 3, 2), (256, 3, 2), (264, 3, 2),  # one wave, two a SM, a slot free on each
+    (265, 3, 0),   # three a SM: the SMs are full
+    (384, 4, 3), (396, 3, 0),
+    (397, 3, 0), (1000, 3, 0),  # more than one wave
+    (256, 2, 0), (256, 1, 0),
+])
+def test_spread_holds_a_one_wave_grid_to_its_even_share(ctas, resident, per_sm):
+    assert _rules.spread_ctas_per_sm(ctas, 132, resident) == per_sm
+
+
+@pytest.mark.parametrize("per_sm", [1, 2, 3, 5])
+@pytest.mark.parametrize("kernel_bytes", [4 * 1024, 38400, 69632])
+def test_spread_shared_memory_holds_the_sm_to_that_many_ctas(per_sm, kernel_bytes):
+    """An H200 SM: 228 KiB of shared memory, 1 KiB reserved a CTA."""
+    sm_bytes, reserved = 233472, 1024
+    bytes_ = _rules.smem_for_ctas_per_sm(per_sm, sm_bytes, reserved, kernel_bytes)
+    if per_sm * (kernel_bytes + reserved) > sm_bytes:
+        assert bytes_ == 0
+        return
+    assert bytes_ >= kernel_bytes
+    assert sm_bytes // (bytes_ + reserved) == per_sm
+    # the least such size: one byte less lets another CTA in, unless it is the kernel's own
+    assert bytes_ == kernel_bytes or sm_bytes // (bytes_ - 1 + reserved) == per_sm + 1

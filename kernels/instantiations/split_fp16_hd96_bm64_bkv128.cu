@@ -4,4 +4,5 @@
 namespace splitkv {
 template void run_split_kernel<cutlass::half_t, 96, 64, 128>(const SplitParams&, cudaStream_t, bool);
 template int live_grid<cutlass::half_t, 96, 64, 128>(const SplitParams&);
+template Residency equal_launch_residency<cutlass::half_t, 96, 64, 128>(int64_t, bool);
 }  // namespace splitkv

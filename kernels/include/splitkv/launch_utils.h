@@ -17,39 +17,31 @@ inline void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
-// Compute-capability major of the current device, read once per device.
+// Attribute `kAttribute` of `device`, read once per device below kMaxDevices (a benign race:
+// every thread that reads it stores the same value) and on every call past them.
+template <cudaDeviceAttr kAttribute>
+int device_attribute(int device) {
+  static int values[kMaxDevices] = {};
+  int value = device < kMaxDevices ? values[device] : 0;
+  if (value == 0) {
+    check_cuda(cudaDeviceGetAttribute(&value, kAttribute, device), "device attribute");
+    if (device < kMaxDevices) values[device] = value;
+  }
+  return value;
+}
+
+// Compute-capability major of the current device.
 inline int device_major() {
-  static int majors[kMaxDevices] = {};
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  if (device >= kMaxDevices) device = kMaxDevices - 1;
-  if (majors[device] == 0) {
-    check_cuda(cudaDeviceGetAttribute(&majors[device], cudaDevAttrComputeCapabilityMajor, device),
-               "compute capability");
-  }
-  return majors[device];
+  return device_attribute<cudaDevAttrComputeCapabilityMajor>(device);
 }
 
-// Multiprocessors of `device`, read once per device.
-inline int sm_count(int device) {
-  static int counts[kMaxDevices] = {};
-  const int slot = device < kMaxDevices ? device : kMaxDevices - 1;
-  if (counts[slot] == 0) {
-    check_cuda(cudaDeviceGetAttribute(&counts[slot], cudaDevAttrMultiProcessorCount, device), "multiprocessor count");
-  }
-  return counts[slot];
-}
+// Multiprocessors of `device`.
+inline int sm_count(int device) { return device_attribute<cudaDevAttrMultiProcessorCount>(device); }
 
-// Shared memory one CTA may opt in to on `device`, read once per device.
-inline int smem_optin_limit(int device) {
-  static int limits[kMaxDevices] = {};
-  const int slot = device < kMaxDevices ? device : kMaxDevices - 1;
-  if (limits[slot] == 0) {
-    check_cuda(cudaDeviceGetAttribute(&limits[slot], cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-               "shared-memory limit of the device");
-  }
-  return limits[slot];
-}
+// Shared memory one CTA may opt in to on `device`.
+inline int smem_optin_limit(int device) { return device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(device); }
 
 // A driver entry point, found once through the runtime: the extension does not link libcuda.
 template <class Fn>

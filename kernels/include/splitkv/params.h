@@ -74,6 +74,13 @@ struct SplitParams {
   int* __restrict__ ws_plan;            // with seqlens and num_splits > 1: the workspace's plan slot
 };
 
+// How an equal-length launch sits on the SMs (split_launch.h equal_residency): each CTA takes
+// smem_bytes of dynamic shared memory, which holds a SM to ctas_per_sm CTAs (0: the kernel's own
+// size, as many as fit: resident_per_sm, or 0 where the launch did not need to ask).
+struct Residency {
+  int ctas_per_sm, smem_bytes, resident_per_sm;
+};
+
 struct CombineParams {
   const float* __restrict__ ws_o;
   const float* __restrict__ ws_m;

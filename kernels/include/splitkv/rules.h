@@ -402,6 +402,31 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_grid(int64_t capacity_items, int num_
   return capacity_items < resident ? capacity_items : resident;
 }
 
+// The CTAs a SM may hold of an equal-length launch of `ctas` CTAs that starts while the previous
+// kernel of its stream still runs (programmatic dependent launch), when each SM could hold
+// resident_per_sm: ceil(ctas / num_sms) when the grid is one wave that needs more than one CTA a
+// SM but leaves slots free, else 0 (no limit). Why: the free slots let the next call's CTAs in
+// early, and the rest of that call then lands on the SMs that free first, up to resident_per_sm
+// each, while others run one: on an H200, 256 CTAs of block_kv 64 (B 8, Hkv 32, Sk 8K, one
+// split) take 318 us back to back against 243 without the early launch, and 384 of block_kv 32
+// 434 against 351 (docs/PERFORMANCE.md, "Back to back").
+SPLITKV_HOST_DEVICE constexpr int spread_ctas_per_sm(int64_t ctas, int num_sms, int resident_per_sm) {
+  if (num_sms < 1 || ctas > int64_t(num_sms) * resident_per_sm) return 0;
+  const int per_sm = int((ctas + num_sms - 1) / num_sms);
+  return per_sm > 1 && per_sm < resident_per_sm ? per_sm : 0;
+}
+
+// The dynamic shared memory per CTA that holds a SM of sm_bytes of shared memory to per_sm CTAs
+// (each also taking reserved_bytes): past a (per_sm + 1)-th share, and at least the kernel's own
+// kernel_bytes. 0 when per_sm CTAs of the kernel's own size do not fit.
+SPLITKV_HOST_DEVICE constexpr int smem_for_ctas_per_sm(int per_sm, int sm_bytes, int reserved_bytes,
+                                                       int kernel_bytes) {
+  if (per_sm < 1) return 0;
+  const int share = sm_bytes / (per_sm + 1) + 1 - reserved_bytes;
+  const int bytes = share > kernel_bytes ? share : kernel_bytes;
+  return int64_t(per_sm) * (bytes + reserved_bytes) <= sm_bytes ? bytes : 0;
+}
+
 // Lanes that fold one row of the partials together (merge_state.h; the combine kernel and the
 // fused merge lay their threads out by it, so both fold alike): one float4 each at head dims
 // 64 and 128, a warp's 32 lanes with wider shares at 96 and 256.

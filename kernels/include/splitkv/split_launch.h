@@ -43,12 +43,78 @@ int live_ctas_per_sm(int device, int smem_bytes) {
   return counts[slot];
 }
 
-// Static shared memory of split_kv_live_kernel<Traits>, beside its dynamic shared memory.
-template <class Traits>
-int live_static_smem_bytes() {
+// Static shared memory of `kernel`, beside its dynamic shared memory.
+template <class Kernel>
+int static_smem_bytes(Kernel kernel) {
   cudaFuncAttributes attributes{};
-  check_cuda(cudaFuncGetAttributes(&attributes, &split_kv_live_kernel<Traits>), "split kernel attributes");
+  check_cuda(cudaFuncGetAttributes(&attributes, kernel), "split kernel attributes");
   return int(attributes.sharedSizeBytes);
+}
+
+// Dynamic shared memory of a split_kv_kernel<Traits> CTA that holds a SM of `device` to per_sm
+// CTAs (rules::smem_for_ctas_per_sm; 0 when per_sm do not fit).
+template <class Traits>
+int equal_spread_smem(int device, int per_sm) {
+  static const int static_smem = static_smem_bytes(&split_kv_kernel<Traits>);
+  return rules::smem_for_ctas_per_sm(per_sm, device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(device),
+                                     device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(device) + static_smem,
+                                     Traits::kSmemBytes);
+}
+
+// The dynamic shared memory that launches of split_kv_kernel<Traits> may take on `device`: its
+// own, and where launches are programmatic (sm_90+) the most that equal_residency asks, the size
+// that holds a SM to two CTAs. One size per device and kernel, so that threads raising the limit
+// at once raise it alike.
+template <class Traits>
+int equal_smem_limit(int device) {
+  if (device_attribute<cudaDevAttrComputeCapabilityMajor>(device) < 9) return Traits::kSmemBytes;
+  const int spread = equal_spread_smem<Traits>(device, 2);
+  return spread > Traits::kSmemBytes && spread <= smem_optin_limit(device) ? spread : Traits::kSmemBytes;
+}
+
+// CTAs of split_kv_kernel<Traits> that one SM of the current device holds with smem_bytes of
+// dynamic shared memory (within equal_smem_limit).
+template <class Traits>
+int equal_ctas_per_sm(int smem_bytes) {
+  int count = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, &split_kv_kernel<Traits>, Traits::kNThreads,
+                                                           smem_bytes),
+             "split kernel occupancy");
+  return count;
+}
+
+// How an equal-length launch of `ctas` CTAs sits on the SMs of `device`, the current one
+// (params.h Residency). A programmatic launch on sm_90+ whose grid is one wave that leaves slots
+// free takes the shared memory that holds each SM to rules::spread_ctas_per_sm CTAs; every other
+// launch, and one whose spread the occupancy calculator does not confirm, takes its own size.
+// The occupancy is asked once per device and CTA count a SM.
+template <class Traits>
+Residency equal_residency(int device, int64_t ctas, bool programmatic) {
+  const int limit = equal_smem_limit<Traits>(device);
+  if (!programmatic || limit == Traits::kSmemBytes || device >= kMaxDevices) {
+    return Residency{0, Traits::kSmemBytes, 0};
+  }
+  static int resident[kMaxDevices] = {};
+  static int confirmed[kMaxDevices][rules::kMaxCtasPerSm + 1] = {};  // bytes; 0: not asked, -1: refused
+  allow_dynamic_smem<Traits>(false, device, limit);
+  if (resident[device] == 0) resident[device] = equal_ctas_per_sm<Traits>(Traits::kSmemBytes);
+  const Residency own{0, Traits::kSmemBytes, resident[device]};
+  const int per_sm = rules::spread_ctas_per_sm(ctas, sm_count(device), own.resident_per_sm);
+  if (per_sm == 0 || per_sm > rules::kMaxCtasPerSm) return own;
+  if (confirmed[device][per_sm] == 0) {
+    const int bytes = equal_spread_smem<Traits>(device, per_sm);
+    confirmed[device][per_sm] = bytes > 0 && bytes <= limit && equal_ctas_per_sm<Traits>(bytes) == per_sm ? bytes : -1;
+  }
+  const int bytes = confirmed[device][per_sm];
+  return bytes > 0 ? Residency{per_sm, bytes, own.resident_per_sm} : own;
+}
+
+// The same for split_kv_kernel<SplitKernelTraits<...>> on the current device.
+template <typename Element, int kHeadDim, int kBlockM, int kBlockKV>
+Residency equal_launch_residency(int64_t ctas, bool programmatic) {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  return equal_residency<SplitKernelTraits<kHeadDim, kBlockM, kBlockKV, Element>>(device, ctas, programmatic);
 }
 
 // Dynamic shared memory of a paged / variable-length launch: the kernel's own, then the schedule.
@@ -77,13 +143,15 @@ template <typename Element, int kHeadDim, int kBlockM, int kBlockKV>
 void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmatic) {
   using Traits = SplitKernelTraits<kHeadDim, kBlockM, kBlockKV, Element>;
   const bool live = p.seqlens != nullptr;
-  const int smem = live ? live_smem_bytes<Traits>(p) : Traits::kSmemBytes;
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  const dim3 grid = live ? dim3(unsigned(live_grid_on<Traits>(p, device)))
+                         : dim3(p.num_m_blocks, p.batch * p.kv_heads, p.num_splits);
   if (live) {
+    const int smem = live_smem_bytes<Traits>(p);
     // The schedule grows with the batch; the live kernel's static shared memory (CUB's scan
     // storage) counts against the same limit.
-    static const int static_smem = live_static_smem_bytes<Traits>();
+    static const int static_smem = static_smem_bytes(&split_kv_live_kernel<Traits>);
     if (smem + static_smem > smem_optin_limit(device)) {
       throw std::invalid_argument("cache_seqlens: a batch of " + std::to_string(p.batch) + " sequences needs " +
                                   std::to_string(rules::live_schedule_bytes(p.batch, p.plan_choices)) +
@@ -91,16 +159,15 @@ void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmat
                                   std::to_string(Traits::kSmemBytes + static_smem) + "; this device allows " +
                                   std::to_string(smem_optin_limit(device)) + " in all");
     }
-  }
-  allow_dynamic_smem<Traits>(live, device, smem);
-  const dim3 grid = live ? dim3(unsigned(live_grid_on<Traits>(p, device)))
-                         : dim3(p.num_m_blocks, p.batch * p.kv_heads, p.num_splits);
-  if (live) {
+    allow_dynamic_smem<Traits>(true, device, smem);
     launch_kernel<&split_kv_live_kernel<Traits>>(p, grid, dim3(Traits::kNThreads), smem, stream, programmatic,
                                                  "split kernel launch");
   } else {
-    launch_kernel<&split_kv_kernel<Traits>>(p, grid, dim3(Traits::kNThreads), smem, stream, programmatic,
-                                            "split kernel launch");
+    const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
+    const Residency residency = equal_residency<Traits>(device, ctas, programmatic);
+    allow_dynamic_smem<Traits>(false, device, equal_smem_limit<Traits>(device));
+    launch_kernel<&split_kv_kernel<Traits>>(p, grid, dim3(Traits::kNThreads), residency.smem_bytes, stream,
+                                            programmatic, "split kernel launch");
   }
 }
 
