@@ -105,9 +105,10 @@ def test_size_classes_are_octaves_of_blocks_per_split():
 
 @pytest.mark.parametrize("ctas,resident,per_sm", [
     (132, 3, 0),   # one CTA a SM: nothing to spread
-    (133, 3, 2), (256, 3, 2), (264, 3, 2),  # one wave, two a SM, a slot free on each
+    (198, 3, 0),   # the 198 free slots hold a whole next grid: it lands balanced
+    (199, 3, 2), (256, 3, 2), (264, 3, 2),  # one wave, two a SM, fewer slots free than CTAs
     (265, 3, 0),   # three a SM: the SMs are full
-    (384, 4, 3), (396, 3, 0),
+    (256, 4, 0), (265, 4, 3), (384, 4, 3), (396, 3, 0),
     (397, 3, 0), (1000, 3, 0),  # more than one wave
     (256, 2, 0), (256, 1, 0),
 ])

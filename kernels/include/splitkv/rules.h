@@ -405,13 +405,17 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_grid(int64_t capacity_items, int num_
 // The CTAs a SM may hold of an equal-length launch of `ctas` CTAs that starts while the previous
 // kernel of its stream still runs (programmatic dependent launch), when each SM could hold
 // resident_per_sm: ceil(ctas / num_sms) when the grid is one wave that needs more than one CTA a
-// SM but leaves slots free, else 0 (no limit). Why: the free slots let the next call's CTAs in
-// early, and the rest of that call then lands on the SMs that free first, up to resident_per_sm
-// each, while others run one: on an H200, 256 CTAs of block_kv 64 (B 8, Hkv 32, Sk 8K, one
-// split) take 318 us back to back against 243 without the early launch, and 384 of block_kv 32
-// 434 against 351 (docs/PERFORMANCE.md, "Back to back").
+// SM and leaves fewer slots free than it has CTAs, else 0 (no limit). Why: a call of the same
+// grid after it takes the free slots early, and the rest of its CTAs then land on the SMs that
+// free first, up to resident_per_sm each, while others run one: on an H200, 256 CTAs of block_kv
+// 64 (B 8, Hkv 32, Sk 8K, one split) took 318 us back to back against 243 without the early
+// launch, and 384 of block_kv 32 434 against 351. Where the free slots hold the whole next grid
+// it lands balanced, and holding the SMs back would only cost its early launch: 192 CTAs of
+// block_kv 64 (B 1, Hkv 8, Sk 16K, 24 splits) 22.8 us as they are, 25.3 held to two a SM
+// (docs/PERFORMANCE.md, "Back to back").
 SPLITKV_HOST_DEVICE constexpr int spread_ctas_per_sm(int64_t ctas, int num_sms, int resident_per_sm) {
-  if (num_sms < 1 || ctas > int64_t(num_sms) * resident_per_sm) return 0;
+  const int64_t slots = int64_t(num_sms) * resident_per_sm;
+  if (num_sms < 1 || ctas > slots || slots - ctas >= ctas) return 0;
   const int per_sm = int((ctas + num_sms - 1) / num_sms);
   return per_sm > 1 && per_sm < resident_per_sm ? per_sm : 0;
 }

@@ -145,8 +145,6 @@ void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmat
   const bool live = p.seqlens != nullptr;
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  const dim3 grid = live ? dim3(unsigned(live_grid_on<Traits>(p, device)))
-                         : dim3(p.num_m_blocks, p.batch * p.kv_heads, p.num_splits);
   if (live) {
     const int smem = live_smem_bytes<Traits>(p);
     // The schedule grows with the batch; the live kernel's static shared memory (CUB's scan
@@ -160,9 +158,11 @@ void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmat
                                   std::to_string(smem_optin_limit(device)) + " in all");
     }
     allow_dynamic_smem<Traits>(true, device, smem);
+    const dim3 grid(unsigned(live_grid_on<Traits>(p, device)));
     launch_kernel<&split_kv_live_kernel<Traits>>(p, grid, dim3(Traits::kNThreads), smem, stream, programmatic,
                                                  "split kernel launch");
   } else {
+    const dim3 grid(p.num_m_blocks, p.batch * p.kv_heads, p.num_splits);
     const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
     const Residency residency = equal_residency<Traits>(device, ctas, programmatic);
     allow_dynamic_smem<Traits>(false, device, equal_smem_limit<Traits>(device));
