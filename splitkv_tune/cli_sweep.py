@@ -97,11 +97,16 @@ def _refuse_too_big(summary: dict) -> None:
                    "head dim, e.g. an fp16 sweep started from the bf16 part's trials.")
 @click.option("--warm-start-top", type=click.IntRange(min=1, max=64), default=4, show_default=True,
               help="How many of those configs each shape measures first.")
+@click.option("--warm-start-select", type=click.Choice(["fastest", "spread"]), default="fastest",
+              show_default=True,
+              help="Which of those configs: the fastest, or (spread; CUDA only) those whose programmatic "
+                   "launch this GPU now spreads over its SMs, to time them again under a new "
+                   "--study-prefix (docs/PERFORMANCE.md, \"Back to back\").")
 @_timing_options
 @exit_2_on_bad_input
 def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, storage,
           study_prefix, backend, out_dir, dry_run, as_json, resume, force, seed, workers_text,
-          progress, warm_paths, warm_start_top, warmup_s, min_reps, max_time_s):
+          progress, warm_paths, warm_start_top, warm_start_select, warmup_s, min_reps, max_time_s):
     """Search the best config per shape with Optuna; write trials.csv and heuristics.csv."""
     from splitkv_tune import gpus
     from splitkv_tune import sweep as sweep_mod
@@ -137,7 +142,7 @@ def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, 
         time_budget_s=budget, resume=resume, seed=seed,
         timing=_timing(grid_obj.timing, warmup_s, min_reps, max_time_s),
         num_sms=_num_sms(backend, table_gpu), smem_limit=_smem_limit(backend, profile),
-        force=force, workers=count, warm_start=_warm_start(warm_paths, warm_start_top))
+        force=force, workers=count, warm_start=_warm_start(warm_paths, warm_start_top, warm_start_select, backend))
     summary = sweep_mod.dry_run_summary(plan)
     if dry_run:
         _print_dry_run(summary, plan, as_json)
@@ -147,12 +152,20 @@ def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, 
     _run(sweep_mod, plan, progress)
 
 
-def _warm_start(paths, top):
+def _warm_start(paths, top, select, backend):
     """The warm start of --warm-start files, or None (a bad file ends in one error line)."""
     if not paths:
+        if select != "fastest":
+            raise click.UsageError("--warm-start-select goes with --warm-start")
         return None
+    if select == "spread":
+        from splitkv_tune import bench
+        problem = "it needs --backend cuda" if backend != "cuda" else bench.backend_problem("cuda")
+        if problem:
+            raise click.BadParameter(f"spread asks the GPU which launches it spreads: {problem}",
+                                     param_hint="--warm-start-select")
     from splitkv_tune import warm_start
-    return warm_start.load(paths, top)
+    return warm_start.load(paths, top, select)
 
 
 def _run(sweep_mod, plan, progress) -> None:

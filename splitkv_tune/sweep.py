@@ -8,7 +8,7 @@
 * Sampler: ``grid`` measures every candidate of ``space.candidate_configs`` exactly once
   (the order: FlashAttention-2's config, the current table winner, the warm start's configs
   (``warm_start``: the fastest of the same problem at another dtype or head dim), then a
-  seeded shuffle),
+  seeded shuffle; a re-time, ``warm_start.only``, measures the warm configs alone),
   each one enqueued with ``enqueue_trial`` so the study's sampler is never consulted.
   Optuna's GridSampler/BruteForceSampler are not used: they call ``study.stop()``, which
   only works inside ``study.optimize`` (this driver uses ask/tell), and they do not count
@@ -163,6 +163,17 @@ class SweepPlan:
             return "grid" if n_candidates <= GRID_MAX else "tpe"
         return "grid" if self.trials >= n_candidates else "tpe"
 
+    @property
+    def warm_only(self) -> bool:
+        """Whether each study measures its warm-start configs alone (a re-time)."""
+        return self.warm_start is not None and self.warm_start.only
+
+    def shape_target(self, shape: Shape) -> int:
+        """Configs the study of ``shape`` measures."""
+        if self.warm_only:
+            return len(self.warm_start.for_shape(shape))
+        return self.trial_target(len(self.candidates(shape)))
+
     def trial_target(self, n_candidates: int) -> int:
         if self.trials is not None:
             return min(self.trials, n_candidates)
@@ -180,7 +191,7 @@ def dry_run_summary(plan: SweepPlan) -> dict:
     rows = []
     for shape in plan.shapes:
         n = len(plan.candidates(shape))
-        trials = plan.trial_target(n)
+        trials = plan.shape_target(shape)
         seconds = trials * estimate.trial_seconds(shape, plan.backend, plan.timing, copy_bw)
         needs = estimate.shape_bytes(shape, plan.backend, l2_bytes)
         warm = len(plan.warm_start.for_shape(shape)) if plan.warm_start is not None else 0
@@ -245,10 +256,12 @@ class ShapeRunner:
             if self.study.user_attrs.get(key) != value:  # each worker opens every study
                 self.study.set_user_attr(key, value)
         self.recovered = records.recover_interrupted(self.study)
-        priority = [(space.fa2_config(shape, plan.num_sms), "fa2")] + ([(winner, "table")] if winner else [])
-        if plan.warm_start is not None:
-            priority += [(c, "warm") for c in plan.warm_start.for_shape(shape)]
+        warm = [(c, "warm") for c in plan.warm_start.for_shape(shape)] if plan.warm_start is not None else []
+        priority = warm if plan.warm_only else \
+            [(space.fa2_config(shape, plan.num_sms), "fa2")] + ([(winner, "table")] if winner else []) + warm
         self.priority = [(project(c, self.candidates), src) for c, src in priority]
+        if plan.warm_only:
+            self.target = len({c for c, _ in self.priority})
         order = list(self.candidates)
         random.Random(f"{plan.seed}:{space.shape_key(shape)}").shuffle(order)
         self.grid_order = order
@@ -429,7 +442,7 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
     disable = None if progress is None else not progress  # None: only on a terminal
     bars_off = True if plan.workers else disable  # the workers' progress view replaces them
     shape_bar = tqdm(plan.shapes, desc="shapes", unit="shape", disable=bars_off)
-    planned = sum(plan.trial_target(len(plan.candidates(shape))) for shape in plan.shapes)
+    planned = sum(plan.shape_target(shape) for shape in plan.shapes)
     trial_bar = tqdm(total=planned, desc="trials", unit="trial", disable=bars_off)
     status = "interrupted"
     previous_handler = termination.install()

@@ -7,15 +7,23 @@ good first guess for the other; another head dim's is a rougher one. For each sh
 of the nearest source are used (same head dim first, then same dtype), their ``top`` fastest
 distinct ok configs in order, projected onto the shape's candidates by the sweep. The sampler
 then goes on as without a warm start; the warm configs count towards ``--trials``.
+
+With ``select="spread"`` the warm configs are instead those of the source whose programmatic
+launch this GPU now spreads over its SMs (rules.h ``spread_ctas_per_sm``), fastest first, and
+each study measures them alone: a sweep under a second study prefix then times again what an
+earlier sweep timed without the spread (back to back, those configs ran up to 1.33x slow), and
+its trials pool with the first's.
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 from splitkv_tune.table_schema import read_trials
 from splitkv_tune.tunables import Config, Shape
 
 PROBLEM_COLUMNS = ("causal", "batch", "q_heads", "kv_heads", "q_len", "kv_len")
+SELECTIONS = ("fastest", "spread")
 
 
 def problem_key(shape) -> tuple:
@@ -29,6 +37,8 @@ class WarmStart:
 
     configs: dict  # problem key -> {(dtype, head_dim): [Config, ...]}
     top: int
+    keep: Callable[[Shape, Config], bool] | None = None  # the configs a shape may take; None: all
+    only: bool = False  # each study measures these configs alone (a re-time), not the sampler's after them
 
     def for_shape(self, shape: Shape) -> list[Config]:
         """Up to ``top`` configs for ``shape``: those of the nearest (dtype, head_dim) that has any.
@@ -44,15 +54,36 @@ class WarmStart:
         if not found:
             return []
         nearest = min(found, key=lambda k: (k[1] != shape.head_dim, k[0] != shape.dtype, abs(k[1] - shape.head_dim), k))
-        return found[nearest][:self.top]
+        configs = found[nearest]
+        if self.keep is not None:
+            configs = [c for c in configs if self.keep(shape, c)]
+        return configs[:self.top]
 
 
-def load(paths, top: int) -> WarmStart:
-    """Read trials files (validated as every ``trials.csv``) into a :class:`WarmStart`.
+def spread_on_this_gpu(shape: Shape, config: Config) -> bool:
+    """Whether the current GPU spreads the programmatic split launch of ``config`` on ``shape``
+    over its SMs (``_C.equal_launch_residency``: rules.h ``spread_ctas_per_sm``)."""
+    import torch
+
+    from splitkv_tune import _C, tunables
+
+    ctas = tunables.num_m_blocks(shape) * shape.batch * shape.kv_heads * config.num_splits
+    per_sm, _, _ = _C.equal_launch_residency(torch.cuda.current_device(), tunables.dtype_codes()[shape.dtype],
+                                             shape.head_dim, tunables.block_m_for(shape.packed_rows),
+                                             config.block_kv, ctas, True)
+    return per_sm > 0
+
+
+def load(paths, top: int, select: str = "fastest") -> WarmStart:
+    """Read trials files (validated as every ``trials.csv``) into a :class:`WarmStart` of the
+    ``top`` fastest configs (``select="fastest"``) or of those the current GPU spreads
+    (``"spread"``, :func:`spread_on_this_gpu`).
 
     A config timed more than once (several runs) counts at its fastest median."""
     if top < 1:
         raise ValueError(f"top must be >= 1, got {top}")
+    if select not in SELECTIONS:
+        raise ValueError(f"select must be one of {SELECTIONS}, got {select!r}")
     best: dict = {}
     for path in paths:
         frame = read_trials(path)
@@ -65,4 +96,6 @@ def load(paths, top: int) -> WarmStart:
     configs = {key: {group: sorted(times, key=lambda c: (times[c], dataclasses.astuple(c)))
                      for group, times in groups.items()}
                for key, groups in best.items()}
+    if select == "spread":
+        return WarmStart(configs, top, keep=spread_on_this_gpu, only=True)
     return WarmStart(configs, top)

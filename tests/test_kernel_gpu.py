@@ -25,7 +25,7 @@ import torch
 from accuracy import (assert_lse, assert_rule, nan_workspace, poison_allocator, poison_for_output,
                       references)
 
-from splitkv_tune import tunables
+from splitkv_tune import tunables, warm_start
 from splitkv_tune.reference import (combine_partials_ref, splitkv_partials_ref,
                                     unpack_rows)
 
@@ -511,6 +511,9 @@ def test_one_wave_launches_are_spread_over_the_sms(ops, cuda_gen):
         return
     assert spread, "no launch of the sample was spread"
     block_kv, ctas = spread[0]
+    one_split = tunables.Config(1, block_kv, 128, "blocks")
+    assert warm_start.spread_on_this_gpu(tunables.Shape("bf16", 128, 1, ctas, ctas, 1, 300, False), one_split)
+    assert not warm_start.spread_on_this_gpu(tunables.Shape("bf16", 128, 1, sms, sms, 1, 300, False), one_split)
     # ctas CTAs: one sequence of ctas KV heads, one query row each, one split
     c = {**_case("bf16", 128, False, 1, 300, (ctas, ctas), 1, block_kv, "blocks", return_lse=False), "batch": 1}
     q, k, v = _inputs(c, cuda_gen)

@@ -1,4 +1,5 @@
 """The tuning CLI end to end on the reference backend (CPU): sweep, resume, failures, table."""
+import dataclasses
 import json
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from splitkv_tune.cli_sweep import sweep as sweep_cmd
 from splitkv_tune.cli_sweep import table as table_cmd
 from splitkv_tune.table import TRIALS_COLUMNS
 from splitkv_tune.table_schema import CONFIG_COLUMNS, HEURISTICS_COLUMNS, SHAPE_COLUMNS
-from splitkv_tune.tunables import Shape
+from splitkv_tune.tunables import Config, Shape
 
 TINY_GRID = yaml.safe_load((Path(__file__).parent / "fixtures" / "tiny_grid.yaml").read_text())
 
@@ -235,6 +236,55 @@ def test_warm_start_measures_the_other_dtypes_fastest_configs_first(grid, tmp_pa
         assert [tuple(r) for r in rows[CONFIG_COLUMNS].values[1:]] == chosen[rows.kv_len.iloc[0]]
     bad = run_sweep(grid, tmp_path / "bad", "--warm-start", str(grid))
     assert bad.exit_code == 2 and str(grid) in bad.output and "Traceback" not in bad.output
+
+
+def test_warm_start_can_take_the_configs_a_rule_keeps(grid, tmp_path):
+    """select="spread" keeps, fastest first, the configs that the GPU's spread rule picks
+    (warm_start.spread_on_this_gpu); without a GPU to ask, the CLI refuses it in one line."""
+    from splitkv_tune import warm_start
+    assert run_sweep(grid, tmp_path / "earlier").exit_code == 0
+    path = tmp_path / "earlier" / "trials.csv"
+    fastest = warm_start.load([path], top=64)
+    shape = space.parse_grid(TINY_GRID).shapes[0]
+    every = fastest.for_shape(shape)
+    assert len(every) > 2
+    keep = {every[-1], every[1]}
+    kept = dataclasses.replace(fastest, keep=lambda s, c: s == shape and c in keep)
+    assert kept.for_shape(shape) == [every[1], every[-1]]
+    assert dataclasses.replace(kept, top=1).for_shape(shape) == [every[1]]
+    assert warm_start.load([path], top=4, select="spread").keep is warm_start.spread_on_this_gpu
+    with pytest.raises(ValueError, match="select"):
+        warm_start.load([path], top=4, select="slowest")
+    refused = run_sweep(grid, tmp_path / "spread", "--warm-start", str(path), "--warm-start-select", "spread")
+    assert refused.exit_code == 2 and "--warm-start-select" in refused.output
+    assert "Traceback" not in refused.output
+    alone = run_sweep(grid, tmp_path / "alone", "--warm-start-select", "spread")
+    assert alone.exit_code == 2 and "--warm-start" in alone.output
+
+
+def test_a_retime_measures_its_warm_configs_alone_and_pools_with_the_first_sweep(grid, tmp_path, monkeypatch):
+    """A warm start with ``only`` (what --warm-start-select spread loads): under a second study
+    prefix on the same folder, each study measures just the configs kept for its shape, none for
+    a shape with none, and the table pools both prefixes' trials per shape."""
+    from splitkv_tune import warm_start
+    out = tmp_path / "out"
+    assert run_sweep(grid, out).exit_code == 0
+    first = read_trials(out)
+    shapes = space.parse_grid(TINY_GRID).shapes
+    source = warm_start.load([out / "trials.csv"], top=64)
+    retimed = source.for_shape(shapes[0])[:2]
+    load = warm_start.load
+    monkeypatch.setattr(warm_start, "load", lambda paths, top, select="fastest": dataclasses.replace(
+        load(paths, top, select), keep=lambda shape, c: shape == shapes[0] and c in retimed, only=True))
+    result = run_sweep(grid, out, "--resume", "--study-prefix", "retime:", "--warm-start", str(out / "trials.csv"))
+    assert result.exit_code == 0, result.output
+    trials = read_trials(out)
+    again = trials[trials.study.str.startswith("retime:")]
+    assert len(again) == len(retimed) and set(again.source) == {"warm"}
+    assert [Config(*r) for r in again.sort_values("trial")[CONFIG_COLUMNS].itertuples(index=False)] == retimed
+    assert set(again.kv_len) == {shapes[0].kv_len}
+    assert len(trials) == len(first) + len(retimed)
+    assert len(pd.read_csv(out / "heuristics.csv")) == len(shapes)
 
 
 def test_table_command_rebuilds_from_storage(grid, tmp_path):

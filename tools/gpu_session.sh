@@ -20,7 +20,8 @@
 # over configs/batches.yaml or $BATCH_GRID (~8 min, resumable; BATCH_SWEEP_TIMEOUT); batch-evaluate: the batch
 # table, then evaluate-batches on configs/batches_holdout.yaml or $HOLDOUT_GRID (~4 min); dense-part: a part of
 # configs/dense_decode.yaml, resumed (DENSE_PART, DENSE_TIMEOUT, DENSE_TRIALS, DENSE_WARM_START: a trials.csv
-# whose fastest configs each shape measures first). COMPARE_BATCH_ARGS adds
+# whose fastest configs each shape measures first, DENSE_WARM_TOP of them; DENSE_WARM_SELECT=spread: those
+# this GPU's launch now spreads instead, with DENSE_PREFIX a second study prefix that times them again). COMPARE_BATCH_ARGS adds
 # options (e.g. --plan 4:64 --peers sdpa_cudnn). The build
 # takes ~2.5 min first (wheels installed, two split kernels per instantiation).
 # Offline hosts: carry the wheels of gpu-wheelhouse.sh in .whl/ (installed to /tmp/site first).
@@ -269,7 +270,8 @@ for mode in "$@"; do
       fi
       limit ${DENSE_TIMEOUT:-300} splitkv-tune sweep --gpu "$flag" --grid configs/dense_decode.yaml \
         --dtype ${part%%_*} --head-dim ${part##*_d} --sampler tpe --trials ${DENSE_TRIALS:-24} --out "$dir" --no-progress \
-        $( [ -n "${DENSE_WARM_START:-}" ] && echo --warm-start "$DENSE_WARM_START" ) \
+        $( [ -n "${DENSE_WARM_START:-}" ] && echo --warm-start "$DENSE_WARM_START" --warm-start-select ${DENSE_WARM_SELECT:-fastest} --warm-start-top ${DENSE_WARM_TOP:-4} ) \
+        $( [ -n "${DENSE_PREFIX:-}" ] && echo --study-prefix "$DENSE_PREFIX" ) \
         $( [ -f "$dir/optuna.journal" ] && echo --resume ) 2>&1 | tail -8 | tee -a "$out/dense_part.log"
       ;;
     *) echo "usage: $0 MODE... (test, head-dims, host-floor, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, compare-batch-eager, profile-live, profile-dense, kv-cliff, evaluate-holdout, batch-sweep, batch-evaluate, dense-part)" >&2; exit 2 ;;
