@@ -143,7 +143,14 @@ def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, 
         timing=_timing(grid_obj.timing, warmup_s, min_reps, max_time_s),
         num_sms=_num_sms(backend, table_gpu), smem_limit=_smem_limit(backend, profile),
         force=force, workers=count, warm_start=_warm_start(warm_paths, warm_start_top, warm_start_select, backend))
+    if plan.warm_start is not None and count:
+        raise click.UsageError("--warm-start measures in this process: leave out --workers")
+    if plan.warm_only and study_prefix is None:
+        raise click.UsageError("--warm-start-select spread times configs again: give a new --study-prefix, "
+                               "or the first sweep's studies already hold them")
     summary = sweep_mod.dry_run_summary(plan)
+    if plan.warm_only and summary["total_trials"] == 0:
+        fail("--warm-start-select spread: this GPU spreads none of the --warm-start configs; nothing to time again")
     if dry_run:
         _print_dry_run(summary, plan, as_json)
         _refuse_too_big(summary)

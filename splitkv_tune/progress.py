@@ -33,7 +33,7 @@ def snapshot(storage, plan) -> dict:
             counts["done"] += 1
             counts["failed"] += record.get("status") != "ok"
             done += 1
-    planned = sum(plan.trial_target(len(plan.candidates(shape))) for shape in plan.shapes)
+    planned = sum(plan.shape_target(shape) for shape in plan.shapes)
     return {"per_worker": per_worker, "done": done, "planned": planned}
 
 

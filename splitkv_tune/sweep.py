@@ -168,11 +168,18 @@ class SweepPlan:
         """Whether each study measures its warm-start configs alone (a re-time)."""
         return self.warm_start is not None and self.warm_start.only
 
+    def warm_configs(self, shape: Shape, candidates: list[Config]) -> list[Config]:
+        """The warm start's configs for ``shape``, projected onto ``candidates``."""
+        if self.warm_start is None:
+            return []
+        return self.warm_start.for_shape(shape, lambda c: project(c, candidates))
+
     def shape_target(self, shape: Shape) -> int:
         """Configs the study of ``shape`` measures."""
+        candidates = self.candidates(shape)
         if self.warm_only:
-            return len(self.warm_start.for_shape(shape))
-        return self.trial_target(len(self.candidates(shape)))
+            return len(self.warm_configs(shape, candidates))
+        return self.trial_target(len(candidates))
 
     def trial_target(self, n_candidates: int) -> int:
         if self.trials is not None:
@@ -194,7 +201,7 @@ def dry_run_summary(plan: SweepPlan) -> dict:
         trials = plan.shape_target(shape)
         seconds = trials * estimate.trial_seconds(shape, plan.backend, plan.timing, copy_bw)
         needs = estimate.shape_bytes(shape, plan.backend, l2_bytes)
-        warm = len(plan.warm_start.for_shape(shape)) if plan.warm_start is not None else 0
+        warm = len(plan.warm_configs(shape, plan.candidates(shape)))
         rows.append({"shape": space.shape_key(shape), "candidates": n,
                      "sampler": plan.sampler_for(n), "trials": trials, "warm": warm,
                      "estimated_s": seconds, "bytes": needs,
@@ -256,12 +263,14 @@ class ShapeRunner:
             if self.study.user_attrs.get(key) != value:  # each worker opens every study
                 self.study.set_user_attr(key, value)
         self.recovered = records.recover_interrupted(self.study)
-        warm = [(c, "warm") for c in plan.warm_start.for_shape(shape)] if plan.warm_start is not None else []
+        warm = [(c, "warm") for c in plan.warm_configs(shape, self.candidates)]
         priority = warm if plan.warm_only else \
             [(space.fa2_config(shape, plan.num_sms), "fa2")] + ([(winner, "table")] if winner else []) + warm
         self.priority = [(project(c, self.candidates), src) for c, src in priority]
+        # What counts towards the target: a re-time's own configs, else any candidate.
+        self.counted = [c for c, _ in self.priority] if plan.warm_only else self.candidates
         if plan.warm_only:
-            self.target = len({c for c, _ in self.priority})
+            self.target = len(self.counted)
         order = list(self.candidates)
         random.Random(f"{plan.seed}:{space.shape_key(shape)}").shuffle(order)
         self.grid_order = order
@@ -330,7 +339,7 @@ class ShapeRunner:
     def running_elsewhere(self) -> bool:
         """Whether configs this runner left unmeasured are being measured by other workers
         (which may still die and leave them to be retried)."""
-        if sum(c in self.done() for c in self.candidates) >= self.target:
+        if sum(c in self.done() for c in self.counted) >= self.target:
             return False
         return bool(records.running_configs(self.study))
 
@@ -340,7 +349,7 @@ class ShapeRunner:
         while True:
             termination.check()
             done = self.done()
-            measured = sum(c in done for c in self.candidates)
+            measured = sum(c in done for c in self.counted)
             if measured >= self.target:
                 return timed
             if deadline is not None and time.monotonic() >= deadline:
@@ -350,7 +359,7 @@ class ShapeRunner:
             self.recovered += records.recover_interrupted(self.study)  # a worker may have died
             running = records.running_configs(self.study)
             config, source = self._next_enqueue(done, running, streak)
-            if config is None and self.mode == "grid":
+            if config is None and (self.mode == "grid" or self.plan.warm_only):
                 return timed
             if config is not None:
                 self.study.enqueue_trial(dataclasses.asdict(config))

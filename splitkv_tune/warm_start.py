@@ -40,8 +40,9 @@ class WarmStart:
     keep: Callable[[Shape, Config], bool] | None = None  # the configs a shape may take; None: all
     only: bool = False  # each study measures these configs alone (a re-time), not the sampler's after them
 
-    def for_shape(self, shape: Shape) -> list[Config]:
-        """Up to ``top`` configs for ``shape``: those of the nearest (dtype, head_dim) that has any.
+    def for_shape(self, shape: Shape, project: Callable[[Config], Config] | None = None) -> list[Config]:
+        """Up to ``top`` configs for ``shape``: those of the nearest (dtype, head_dim) that has any,
+        each mapped by ``project`` (onto the shape's candidates) before ``keep`` sees it, once each.
 
         >>> ws = WarmStart({(0, 1, 32, 8, 1, 4096): {("bf16", 128): [Config(16, 64, 128, "blocks")],
         ...                                          ("bf16", 64): [Config(8, 128, 128, "blocks")]}}, top=4)
@@ -54,7 +55,7 @@ class WarmStart:
         if not found:
             return []
         nearest = min(found, key=lambda k: (k[1] != shape.head_dim, k[0] != shape.dtype, abs(k[1] - shape.head_dim), k))
-        configs = found[nearest]
+        configs = list(dict.fromkeys(map(project, found[nearest]))) if project else found[nearest]
         if self.keep is not None:
             configs = [c for c in configs if self.keep(shape, c)]
         return configs[:self.top]
@@ -68,9 +69,12 @@ def spread_on_this_gpu(shape: Shape, config: Config) -> bool:
     from splitkv_tune import _C, tunables
 
     ctas = tunables.num_m_blocks(shape) * shape.batch * shape.kv_heads * config.num_splits
-    per_sm, _, _ = _C.equal_launch_residency(torch.cuda.current_device(), tunables.dtype_codes()[shape.dtype],
-                                             shape.head_dim, tunables.block_m_for(shape.packed_rows),
-                                             config.block_kv, ctas, True)
+    try:
+        per_sm, _, _ = _C.equal_launch_residency(torch.cuda.current_device(), tunables.dtype_codes()[shape.dtype],
+                                                 shape.head_dim, tunables.block_m_for(shape.packed_rows),
+                                                 config.block_kv, ctas, True)
+    except ValueError:  # not instantiated: no launch to spread
+        return False
     return per_sm > 0
 
 

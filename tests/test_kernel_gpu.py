@@ -496,9 +496,9 @@ def test_one_wave_launches_are_spread_over_the_sms(ops, cuda_gen):
             plain = _C.equal_launch_residency(0, code, 128, 16, block_kv, ctas, False)
             assert plain == (0, own, 0)
             per_sm, bytes_, resident = _C.equal_launch_residency(0, code, 128, 16, block_kv, ctas, True)
-            if props.major < 9 or resident == 0:  # resident 0: no spread size fits (one CTA a SM)
+            if props.major < 9 or resident == 0:  # resident 0: under three CTAs fit, nothing to spread
                 assert (per_sm, bytes_) == (0, own)
-                assert resident or 2 * (own + reserved) > sm_bytes or props.major < 9
+                assert resident or 3 * (own + reserved) > sm_bytes or props.major < 9
                 continue
             assert resident <= 32
             assert per_sm == _rules.spread_ctas_per_sm(ctas, sms, resident)

@@ -285,6 +285,16 @@ def test_a_retime_measures_its_warm_configs_alone_and_pools_with_the_first_sweep
     assert set(again.kv_len) == {shapes[0].kv_len}
     assert len(trials) == len(first) + len(retimed)
     assert len(pd.read_csv(out / "heuristics.csv")) == len(shapes)
+    warm = ("--warm-start", str(out / "trials.csv"))
+    same_prefix = run_sweep(grid, out, "--resume", *warm)
+    assert same_prefix.exit_code == 2 and "--study-prefix" in same_prefix.output
+    workers = run_sweep(grid, out, "--resume", "--study-prefix", "again:", "--workers", "2", *warm)
+    assert workers.exit_code == 2 and "--workers" in workers.output
+    monkeypatch.setattr(warm_start, "load", lambda paths, top, select="fastest": dataclasses.replace(
+        load(paths, top, select), keep=lambda shape, c: False, only=True))
+    nothing = run_sweep(grid, out, "--resume", "--study-prefix", "none:", *warm)
+    assert nothing.exit_code != 0 and "nothing to time again" in nothing.output
+    assert len(read_trials(out)) == len(trials)
 
 
 def test_table_command_rebuilds_from_storage(grid, tmp_path):

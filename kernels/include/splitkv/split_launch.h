@@ -68,8 +68,10 @@ int equal_spread_smem(int device, int per_sm) {
 template <class Traits>
 int equal_smem_limit(int device) {
   if (device_attribute<cudaDevAttrComputeCapabilityMajor>(device) < 9) return Traits::kSmemBytes;
+  static const int static_smem = static_smem_bytes(&split_kv_kernel<Traits>);
   const int spread = equal_spread_smem<Traits>(device, 2);
-  return spread > Traits::kSmemBytes && spread <= smem_optin_limit(device) ? spread : Traits::kSmemBytes;
+  return spread > Traits::kSmemBytes && spread + static_smem <= smem_optin_limit(device) ? spread
+                                                                                        : Traits::kSmemBytes;
 }
 
 // CTAs of split_kv_kernel<Traits> that one SM of the current device holds with smem_bytes of
