@@ -114,6 +114,42 @@ def test_batch_sizes_with_random_lengths(ops, cuda_gen, batch):
     _check(q, out, lse, keys, lengths, False)
 
 
+def test_threads_launching_different_batch_sizes_at_once(ops, cuda_gen):
+    """Two threads on their own streams, launching batches whose schedules take different shared
+    memory (the kernel's limit is raised once per device, to one size whatever the batch): every
+    call succeeds and gives the bits the thread's batch gave alone."""
+    import threading
+    rng = random.Random(5)
+    batches = []
+    for batch in (3, 1100):
+        lengths = [rng.randrange(0, 3000) for _ in range(batch)]
+        q, k, v, table, _ = _batch(cuda_gen, lengths, page_size=16, kv_heads=4, q_heads=16)
+        seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        alone = ops.splitkv_attention(q, k, v, cache_seqlens=seqlens, block_table=table)
+        batches.append((q, k, v, table, seqlens, alone))
+    torch.cuda.synchronize()
+    errors, results = [], [[] for _ in batches]
+
+    def launch(i):
+        q, k, v, table, seqlens, _ = batches[i]
+        try:
+            with torch.cuda.stream(torch.cuda.Stream()):
+                for _ in range(40):
+                    results[i].append(ops.splitkv_attention(q, k, v, cache_seqlens=seqlens, block_table=table))
+                torch.cuda.current_stream().synchronize()
+        except Exception as exc:  # noqa: BLE001 - reported below, with the thread's batch
+            errors.append((i, repr(exc)))
+
+    threads = [threading.Thread(target=launch, args=(i,)) for i in range(len(batches))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for (*_, alone), outs in zip(batches, results):
+        assert len(outs) == 40 and all(torch.equal(out, alone) for out in outs)
+
+
 def test_long_sequences_up_to_128k(ops, cuda_gen):
     lengths = [131072, 65536, 1, 0, 4095]
     q, k, v, table, keys = _batch(cuda_gen, lengths, page_size=256, q_heads=16, kv_heads=2)

@@ -1,6 +1,8 @@
 // Launch template of the split kernel; one explicit instantiation per generated .cu file.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -11,8 +13,10 @@ namespace splitkv {
 
 // Lets `kernel` (split_kv_live_kernel<Traits> when live, else split_kv_kernel<Traits>) take smem
 // bytes of dynamic shared memory on `device`, the current one. The attribute belongs to the
-// device's context: raised once per device, kernel and size. Needed before a launch of more than
-// 48 KB, and before an occupancy query of that much, which would find no CTA otherwise.
+// device's context: raised once per device and kernel, always to that kernel's one limit on the
+// device (live_smem_limit, equal_smem_limit), so that threads raising it at once agree. Needed
+// before a launch of more than 48 KB, and before an occupancy query of that much, which would
+// find no CTA otherwise.
 template <class Traits>
 void allow_dynamic_smem(bool live, int device, int smem) {
   if (smem <= 48 * 1024) return;
@@ -26,29 +30,41 @@ void allow_dynamic_smem(bool live, int device, int smem) {
   }
 }
 
-// CTAs of split_kv_live_kernel<Traits> one SM holds at once with smem_bytes of dynamic shared
-// memory on `device` (the current one), asked once per device and size (a server's batch size
-// rarely changes).
-template <class Traits>
-int live_ctas_per_sm(int device, int smem_bytes) {
-  static int sizes[kMaxDevices] = {}, counts[kMaxDevices] = {};
-  const int slot = device < kMaxDevices ? device : kMaxDevices - 1;
-  if (sizes[slot] != smem_bytes || counts[slot] == 0) {
-    allow_dynamic_smem<Traits>(true, device, smem_bytes);
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&counts[slot], &split_kv_live_kernel<Traits>,
-                                                             Traits::kNThreads, smem_bytes),
-               "split kernel occupancy");
-    sizes[slot] = smem_bytes;
-  }
-  return counts[slot];
-}
-
 // Static shared memory of `kernel`, beside its dynamic shared memory.
 template <class Kernel>
 int static_smem_bytes(Kernel kernel) {
   cudaFuncAttributes attributes{};
   check_cuda(cudaFuncGetAttributes(&attributes, kernel), "split kernel attributes");
   return int(attributes.sharedSizeBytes);
+}
+
+// The dynamic shared memory that launches of split_kv_live_kernel<Traits> may take on `device`:
+// all that the opt-in limit leaves beside its static shared memory (CUB's scan storage). One size
+// per device, whatever the batch, so that threads raising the limit at once raise it alike.
+template <class Traits>
+int live_smem_limit(int device) {
+  static const int static_smem = static_smem_bytes(&split_kv_live_kernel<Traits>);
+  return smem_optin_limit(device) - static_smem;
+}
+
+// CTAs of split_kv_live_kernel<Traits> one SM holds at once with smem_bytes of dynamic shared
+// memory on `device` (the current one), asked once per device and size (a server's batch size
+// rarely changes). Size and count are cached as one word, so that threads asking for two sizes
+// at once never pair one's size with the other's count.
+template <class Traits>
+int live_ctas_per_sm(int device, int smem_bytes) {
+  static std::atomic<uint64_t> cached[kMaxDevices];  // (size << 32) | count; zero: not asked
+  if (device < kMaxDevices) {
+    const uint64_t word = cached[device].load(std::memory_order_relaxed);
+    if (word != 0 && int(word >> 32) == smem_bytes) return int(word & 0xffffffffu);
+  }
+  allow_dynamic_smem<Traits>(true, device, live_smem_limit<Traits>(device));
+  int count = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, &split_kv_live_kernel<Traits>, Traits::kNThreads,
+                                                           smem_bytes),
+             "split kernel occupancy");
+  if (device < kMaxDevices) cached[device].store(uint64_t(uint32_t(smem_bytes)) << 32 | uint32_t(count));
+  return count;
 }
 
 // Dynamic shared memory of a split_kv_kernel<Traits> CTA that holds a SM of `device` to per_sm
@@ -152,14 +168,14 @@ void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmat
     // The schedule grows with the batch; the live kernel's static shared memory (CUB's scan
     // storage) counts against the same limit.
     static const int static_smem = static_smem_bytes(&split_kv_live_kernel<Traits>);
-    if (smem + static_smem > smem_optin_limit(device)) {
+    if (smem > live_smem_limit<Traits>(device)) {
       throw std::invalid_argument("cache_seqlens: a batch of " + std::to_string(p.batch) + " sequences needs " +
                                   std::to_string(rules::live_schedule_bytes(p.batch, p.plan_choices)) +
                                   " bytes of shared memory for its schedule beside the kernel's " +
                                   std::to_string(Traits::kSmemBytes + static_smem) + "; this device allows " +
                                   std::to_string(smem_optin_limit(device)) + " in all");
     }
-    allow_dynamic_smem<Traits>(true, device, smem);
+    allow_dynamic_smem<Traits>(true, device, live_smem_limit<Traits>(device));
     const dim3 grid(unsigned(live_grid_on<Traits>(p, device)));
     launch_kernel<&split_kv_live_kernel<Traits>>(p, grid, dim3(Traits::kNThreads), smem, stream, programmatic,
                                                  "split kernel launch");
