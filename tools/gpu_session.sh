@@ -20,8 +20,8 @@
 # over configs/batches.yaml or $BATCH_GRID (~8 min, resumable; BATCH_SWEEP_TIMEOUT); batch-evaluate: the batch
 # table, then evaluate-batches on configs/batches_holdout.yaml or $HOLDOUT_GRID (~4 min); dense-part: a part of
 # configs/dense_decode.yaml, resumed (DENSE_PART, DENSE_TIMEOUT, DENSE_TRIALS, DENSE_WARM_START: a trials.csv
-# whose fastest configs each shape measures first, DENSE_WARM_TOP of them; DENSE_WARM_SELECT=spread: those
-# this GPU's launch now spreads instead, with DENSE_PREFIX a second study prefix that times them again). COMPARE_BATCH_ARGS adds
+# whose fastest configs each shape measures first, DENSE_WARM_TOP of them); dense-retime: the part's configs whose
+# launch this GPU now spreads, timed again under a second study prefix (DENSE_RETIME_TIMEOUT). COMPARE_BATCH_ARGS adds
 # options (e.g. --plan 4:64 --peers sdpa_cudnn). The build
 # takes ~2.5 min first (wheels installed, two split kernels per instantiation).
 # Offline hosts: carry the wheels of gpu-wheelhouse.sh in .whl/ (installed to /tmp/site first).
@@ -71,6 +71,22 @@ limit() {
   local left=$((budget - SECONDS))
   [ "$left" -gt 10 ] || { echo "$2: skipped, the call's $budget s are spent" >&2; return 124; }
   timeout -k 15 "$(( $1 < left ? $1 : left ))" "${@:2}"
+}
+# The folder of the dense part DENSE_PART (bf16_d128 by default).
+dense_dir() { echo "results/$gpu/dense_decode/${DENSE_PART:-bf16_d128}"; }
+# A sweep of the dense part for at most $1 seconds with the options that follow, resumed on its
+# optuna.journal (git-ignored: carried by run's carry, or else rebuilt from the part's
+# trials.csv by restore-storage).
+dense_sweep() {
+  local seconds=$1 dir part=${DENSE_PART:-bf16_d128}
+  shift
+  dir=$(dense_dir)
+  if [ -f "$dir/trials.csv" ] && [ ! -f "$dir/optuna.journal" ]; then
+    limit 120 splitkv-tune restore-storage "$dir" 2>&1 | tee -a "$out/dense_part.log"
+  fi
+  limit "$seconds" splitkv-tune sweep --gpu "$flag" --grid configs/dense_decode.yaml --dtype "${part%%_*}" \
+    --head-dim "${part##*_d}" --sampler tpe --out "$dir" --no-progress "$@" \
+    $( [ -f "$dir/optuna.journal" ] && echo --resume ) 2>&1 | tail -8 | tee -a "$out/dense_part.log"
 }
 small_decode="1 8 1 4096|1 8 1 16384|1 8 1 65536|1 32 1 4096|4 8 1 4096|4 8 1 16384|1 8 4 16384|1 8 16 16384 --causal"
 # compare_batch NAME TIMEOUT ARGS...: splitkv-tune compare-batch at page 64 with ARGS and
@@ -259,22 +275,18 @@ for mode in "$@"; do
       ;;
     dense-part)
       # One part of the dense decode grid (configs/dense_decode.yaml; DENSE_PART=bf16_d128 by
-      # default), continued with --resume on its optuna.journal (git-ignored: carried by run's
-      # carry, results/nvidia_h200/dense_decode/<part>/optuna.journal, or else rebuilt from the
-      # part's trials.csv by restore-storage); DENSE_TIMEOUT seconds (~17.5 min a part, so a
-      # 10-minute call sweeps part of it; a kill loses no finished trial).
-      part=${DENSE_PART:-bf16_d128}
-      dir=results/$gpu/dense_decode/$part
-      if [ -f "$dir/trials.csv" ] && [ ! -f "$dir/optuna.journal" ]; then
-        limit 120 splitkv-tune restore-storage "$dir" 2>&1 | tee -a "$out/dense_part.log"
-      fi
-      limit ${DENSE_TIMEOUT:-300} splitkv-tune sweep --gpu "$flag" --grid configs/dense_decode.yaml \
-        --dtype ${part%%_*} --head-dim ${part##*_d} --sampler tpe --trials ${DENSE_TRIALS:-24} --out "$dir" --no-progress \
-        $( [ -n "${DENSE_WARM_START:-}" ] && echo --warm-start "$DENSE_WARM_START" --warm-start-select ${DENSE_WARM_SELECT:-fastest} --warm-start-top ${DENSE_WARM_TOP:-4} ) \
-        $( [ -n "${DENSE_PREFIX:-}" ] && echo --study-prefix "$DENSE_PREFIX" ) \
-        $( [ -f "$dir/optuna.journal" ] && echo --resume ) 2>&1 | tail -8 | tee -a "$out/dense_part.log"
+      # default), continued; DENSE_TIMEOUT seconds (~17.5 min a part, so a 10-minute call sweeps
+      # part of it; a kill loses no finished trial).
+      dense_sweep ${DENSE_TIMEOUT:-300} --trials ${DENSE_TRIALS:-24} \
+        $( [ -n "${DENSE_WARM_START:-}" ] && echo --warm-start "$DENSE_WARM_START" --warm-start-top ${DENSE_WARM_TOP:-4} )
       ;;
-    *) echo "usage: $0 MODE... (test, head-dims, host-floor, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, compare-batch-eager, profile-live, profile-dense, kv-cliff, evaluate-holdout, batch-sweep, batch-evaluate, dense-part)" >&2; exit 2 ;;
+    dense-retime)
+      # The part's configs whose launch this GPU now spreads (docs/PERFORMANCE.md, "Back to
+      # back"), timed again under a second study prefix that the table pools with the first.
+      dense_sweep ${DENSE_RETIME_TIMEOUT:-300} --warm-start "$(dense_dir)/trials.csv" --warm-start-select spread \
+        --warm-start-top 64 --study-prefix "splitkv:$gpu:spread:"
+      ;;
+    *) echo "usage: $0 MODE... (test, head-dims, host-floor, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, compare-batch-eager, profile-live, profile-dense, kv-cliff, evaluate-holdout, batch-sweep, batch-evaluate, dense-part, dense-retime)" >&2; exit 2 ;;
   esac
   pack
 done
