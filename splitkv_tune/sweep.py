@@ -8,7 +8,7 @@
 * Sampler: ``grid`` measures every candidate of ``space.candidate_configs`` exactly once
   (the order: FlashAttention-2's config, the current table winner, the warm start's configs
   (``warm_start``: the fastest of the same problem at another dtype or head dim), then a
-  seeded shuffle; a re-time, ``warm_start.only``, measures the warm configs alone),
+  seeded shuffle; a re-time, ``warm_start.retime``, measures the warm configs alone),
   each one enqueued with ``enqueue_trial`` so the study's sampler is never consulted.
   Optuna's GridSampler/BruteForceSampler are not used: they call ``study.stop()``, which
   only works inside ``study.optimize`` (this driver uses ask/tell), and they do not count
@@ -166,7 +166,7 @@ class SweepPlan:
     @property
     def warm_only(self) -> bool:
         """Whether each study measures its warm-start configs alone (a re-time)."""
-        return self.warm_start is not None and self.warm_start.only
+        return self.warm_start is not None and self.warm_start.retime is not None
 
     def warm_configs(self, shape: Shape, candidates: list[Config]) -> list[Config]:
         """The warm start's configs for ``shape``, projected onto ``candidates``."""
@@ -174,9 +174,9 @@ class SweepPlan:
             return []
         return self.warm_start.for_shape(shape, lambda c: project(c, candidates))
 
-    def shape_target(self, shape: Shape) -> int:
-        """Configs the study of ``shape`` measures."""
-        candidates = self.candidates(shape)
+    def shape_target(self, shape: Shape, candidates: list[Config] | None = None) -> int:
+        """Configs the study of ``shape`` measures (``candidates``: its own, when known)."""
+        candidates = self.candidates(shape) if candidates is None else candidates
         if self.warm_only:
             return len(self.warm_configs(shape, candidates))
         return self.trial_target(len(candidates))
@@ -197,11 +197,12 @@ def dry_run_summary(plan: SweepPlan) -> dict:
     available = estimate.available_bytes(plan.backend)
     rows = []
     for shape in plan.shapes:
-        n = len(plan.candidates(shape))
-        trials = plan.shape_target(shape)
+        candidates = plan.candidates(shape)
+        n = len(candidates)
+        trials = plan.shape_target(shape, candidates)
         seconds = trials * estimate.trial_seconds(shape, plan.backend, plan.timing, copy_bw)
         needs = estimate.shape_bytes(shape, plan.backend, l2_bytes)
-        warm = len(plan.warm_configs(shape, plan.candidates(shape)))
+        warm = trials if plan.warm_only else len(plan.warm_configs(shape, candidates))
         rows.append({"shape": space.shape_key(shape), "candidates": n,
                      "sampler": plan.sampler_for(n), "trials": trials, "warm": warm,
                      "estimated_s": seconds, "bytes": needs,

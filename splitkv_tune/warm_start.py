@@ -37,12 +37,13 @@ class WarmStart:
 
     configs: dict  # problem key -> {(dtype, head_dim): [Config, ...]}
     top: int
-    keep: Callable[[Shape, Config], bool] | None = None  # the configs a shape may take; None: all
-    only: bool = False  # each study measures these configs alone (a re-time), not the sampler's after them
+    # A re-time: the configs it picks, which each study then measures alone (no sampler after
+    # them); None: every config, the sampler going on after them.
+    retime: Callable[[Shape, Config], bool] | None = None
 
     def for_shape(self, shape: Shape, project: Callable[[Config], Config] | None = None) -> list[Config]:
         """Up to ``top`` configs for ``shape``: those of the nearest (dtype, head_dim) that has any,
-        each mapped by ``project`` (onto the shape's candidates) before ``keep`` sees it, once each.
+        each mapped by ``project`` (onto the shape's candidates) before ``retime`` sees it, once each.
 
         >>> ws = WarmStart({(0, 1, 32, 8, 1, 4096): {("bf16", 128): [Config(16, 64, 128, "blocks")],
         ...                                          ("bf16", 64): [Config(8, 128, 128, "blocks")]}}, top=4)
@@ -56,8 +57,8 @@ class WarmStart:
             return []
         nearest = min(found, key=lambda k: (k[1] != shape.head_dim, k[0] != shape.dtype, abs(k[1] - shape.head_dim), k))
         configs = list(dict.fromkeys(map(project, found[nearest]))) if project else found[nearest]
-        if self.keep is not None:
-            configs = [c for c in configs if self.keep(shape, c)]
+        if self.retime is not None:
+            configs = [c for c in configs if self.retime(shape, c)]
         return configs[:self.top]
 
 
@@ -101,5 +102,5 @@ def load(paths, top: int, select: str = "fastest") -> WarmStart:
                      for group, times in groups.items()}
                for key, groups in best.items()}
     if select == "spread":
-        return WarmStart(configs, top, keep=spread_on_this_gpu, only=True)
+        return WarmStart(configs, top, retime=spread_on_this_gpu)
     return WarmStart(configs, top)

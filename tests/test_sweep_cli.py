@@ -249,10 +249,10 @@ def test_warm_start_can_take_the_configs_a_rule_keeps(grid, tmp_path):
     every = fastest.for_shape(shape)
     assert len(every) > 2
     keep = {every[-1], every[1]}
-    kept = dataclasses.replace(fastest, keep=lambda s, c: s == shape and c in keep)
+    kept = dataclasses.replace(fastest, retime=lambda s, c: s == shape and c in keep)
     assert kept.for_shape(shape) == [every[1], every[-1]]
     assert dataclasses.replace(kept, top=1).for_shape(shape) == [every[1]]
-    assert warm_start.load([path], top=4, select="spread").keep is warm_start.spread_on_this_gpu
+    assert warm_start.load([path], top=4, select="spread").retime is warm_start.spread_on_this_gpu
     with pytest.raises(ValueError, match="select"):
         warm_start.load([path], top=4, select="slowest")
     refused = run_sweep(grid, tmp_path / "spread", "--warm-start", str(path), "--warm-start-select", "spread")
@@ -263,7 +263,7 @@ def test_warm_start_can_take_the_configs_a_rule_keeps(grid, tmp_path):
 
 
 def test_a_retime_measures_its_warm_configs_alone_and_pools_with_the_first_sweep(grid, tmp_path, monkeypatch):
-    """A warm start with ``only`` (what --warm-start-select spread loads): under a second study
+    """A warm start with ``retime`` (what --warm-start-select spread loads): under a second study
     prefix on the same folder, each study measures just the configs kept for its shape, none for
     a shape with none, and the table pools both prefixes' trials per shape."""
     from splitkv_tune import warm_start
@@ -275,7 +275,7 @@ def test_a_retime_measures_its_warm_configs_alone_and_pools_with_the_first_sweep
     retimed = source.for_shape(shapes[0])[:2]
     load = warm_start.load
     monkeypatch.setattr(warm_start, "load", lambda paths, top, select="fastest": dataclasses.replace(
-        load(paths, top, select), keep=lambda shape, c: shape == shapes[0] and c in retimed, only=True))
+        load(paths, top, select), retime=lambda shape, c: shape == shapes[0] and c in retimed))
     result = run_sweep(grid, out, "--resume", "--study-prefix", "retime:", "--warm-start", str(out / "trials.csv"))
     assert result.exit_code == 0, result.output
     trials = read_trials(out)
@@ -291,7 +291,7 @@ def test_a_retime_measures_its_warm_configs_alone_and_pools_with_the_first_sweep
     workers = run_sweep(grid, out, "--resume", "--study-prefix", "again:", "--workers", "2", *warm)
     assert workers.exit_code == 2 and "--workers" in workers.output
     monkeypatch.setattr(warm_start, "load", lambda paths, top, select="fastest": dataclasses.replace(
-        load(paths, top, select), keep=lambda shape, c: False, only=True))
+        load(paths, top, select), retime=lambda shape, c: False))
     nothing = run_sweep(grid, out, "--resume", "--study-prefix", "none:", *warm)
     assert nothing.exit_code != 0 and "nothing to time again" in nothing.output
     assert len(read_trials(out)) == len(trials)

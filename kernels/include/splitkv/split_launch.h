@@ -30,12 +30,15 @@ void allow_dynamic_smem(bool live, int device, int smem) {
   }
 }
 
-// Static shared memory of `kernel`, beside its dynamic shared memory.
-template <class Kernel>
-int static_smem_bytes(Kernel kernel) {
-  cudaFuncAttributes attributes{};
-  check_cuda(cudaFuncGetAttributes(&attributes, kernel), "split kernel attributes");
-  return int(attributes.sharedSizeBytes);
+// Static shared memory of Kernel, beside its dynamic shared memory; read once.
+template <auto Kernel>
+int static_smem_bytes() {
+  static const int bytes = [] {
+    cudaFuncAttributes attributes{};
+    check_cuda(cudaFuncGetAttributes(&attributes, Kernel), "split kernel attributes");
+    return int(attributes.sharedSizeBytes);
+  }();
+  return bytes;
 }
 
 // The dynamic shared memory that launches of split_kv_live_kernel<Traits> may take on `device`:
@@ -43,8 +46,7 @@ int static_smem_bytes(Kernel kernel) {
 // per device, whatever the batch, so that threads raising the limit at once raise it alike.
 template <class Traits>
 int live_smem_limit(int device) {
-  static const int static_smem = static_smem_bytes(&split_kv_live_kernel<Traits>);
-  return smem_optin_limit(device) - static_smem;
+  return smem_optin_limit(device) - static_smem_bytes<&split_kv_live_kernel<Traits>>();
 }
 
 // CTAs of split_kv_live_kernel<Traits> one SM holds at once with smem_bytes of dynamic shared
@@ -71,9 +73,9 @@ int live_ctas_per_sm(int device, int smem_bytes) {
 // CTAs (rules::smem_for_ctas_per_sm; 0 when per_sm do not fit).
 template <class Traits>
 int equal_spread_smem(int device, int per_sm) {
-  static const int static_smem = static_smem_bytes(&split_kv_kernel<Traits>);
   return rules::smem_for_ctas_per_sm(per_sm, device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(device),
-                                     device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(device) + static_smem,
+                                     device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(device) +
+                                         static_smem_bytes<&split_kv_kernel<Traits>>(),
                                      Traits::kSmemBytes);
 }
 
@@ -84,10 +86,9 @@ int equal_spread_smem(int device, int per_sm) {
 template <class Traits>
 int equal_smem_limit(int device) {
   if (device_attribute<cudaDevAttrComputeCapabilityMajor>(device) < 9) return Traits::kSmemBytes;
-  static const int static_smem = static_smem_bytes(&split_kv_kernel<Traits>);
   const int spread = equal_spread_smem<Traits>(device, 2);
-  return spread > Traits::kSmemBytes && spread + static_smem <= smem_optin_limit(device) ? spread
-                                                                                        : Traits::kSmemBytes;
+  const int allowed = smem_optin_limit(device) - static_smem_bytes<&split_kv_kernel<Traits>>();
+  return spread > Traits::kSmemBytes && spread <= allowed ? spread : Traits::kSmemBytes;
 }
 
 // CTAs of split_kv_kernel<Traits> that one SM of the current device holds with smem_bytes of
@@ -102,19 +103,19 @@ int equal_ctas_per_sm(int smem_bytes) {
 }
 
 // How an equal-length launch of `ctas` CTAs sits on the SMs of `device`, the current one
-// (params.h Residency). A programmatic launch on sm_90+ whose grid is one wave that leaves slots
+// (params.h Residency), with the kernel's shared-memory limit raised for it. A programmatic launch on sm_90+ whose grid is one wave that leaves slots
 // free takes the shared memory that holds each SM to rules::spread_ctas_per_sm CTAs; every other
 // launch, and one whose spread the occupancy calculator does not confirm, takes its own size.
 // The occupancy is asked once per device and CTA count a SM.
 template <class Traits>
 Residency equal_residency(int device, int64_t ctas, bool programmatic) {
   const int limit = equal_smem_limit<Traits>(device);
+  allow_dynamic_smem<Traits>(false, device, limit);
   if (!programmatic || limit == Traits::kSmemBytes || device >= kMaxDevices) {
     return Residency{0, Traits::kSmemBytes, 0};
   }
   static int resident[kMaxDevices] = {};
   static int confirmed[kMaxDevices][rules::kMaxCtasPerSm + 1] = {};  // bytes; 0: not asked, -1: refused
-  allow_dynamic_smem<Traits>(false, device, limit);
   if (resident[device] == 0) resident[device] = equal_ctas_per_sm<Traits>(Traits::kSmemBytes);
   const Residency own{0, Traits::kSmemBytes, resident[device]};
   const int per_sm = rules::spread_ctas_per_sm(ctas, sm_count(device), own.resident_per_sm);
@@ -167,12 +168,12 @@ void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmat
     const int smem = live_smem_bytes<Traits>(p);
     // The schedule grows with the batch; the live kernel's static shared memory (CUB's scan
     // storage) counts against the same limit.
-    static const int static_smem = static_smem_bytes(&split_kv_live_kernel<Traits>);
     if (smem > live_smem_limit<Traits>(device)) {
+      const int own = Traits::kSmemBytes + static_smem_bytes<&split_kv_live_kernel<Traits>>();
       throw std::invalid_argument("cache_seqlens: a batch of " + std::to_string(p.batch) + " sequences needs " +
                                   std::to_string(rules::live_schedule_bytes(p.batch, p.plan_choices)) +
                                   " bytes of shared memory for its schedule beside the kernel's " +
-                                  std::to_string(Traits::kSmemBytes + static_smem) + "; this device allows " +
+                                  std::to_string(own) + "; this device allows " +
                                   std::to_string(smem_optin_limit(device)) + " in all");
     }
     allow_dynamic_smem<Traits>(true, device, live_smem_limit<Traits>(device));
@@ -183,7 +184,6 @@ void run_split_kernel(const SplitParams& p, cudaStream_t stream, bool programmat
     const dim3 grid(p.num_m_blocks, p.batch * p.kv_heads, p.num_splits);
     const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
     const Residency residency = equal_residency<Traits>(device, ctas, programmatic);
-    allow_dynamic_smem<Traits>(false, device, equal_smem_limit<Traits>(device));
     launch_kernel<&split_kv_kernel<Traits>>(p, grid, dim3(Traits::kNThreads), residency.smem_bytes, stream,
                                             programmatic, "split kernel launch");
   }
