@@ -24,7 +24,8 @@
 # launch this GPU now spreads, timed again under a second study prefix (DENSE_RETIME_TIMEOUT). COMPARE_BATCH_ARGS adds
 # options (e.g. --plan 4:64 --peers sdpa_cudnn). The build
 # takes ~2.5 min first (wheels installed, two split kernels per instantiation).
-# Offline hosts: carry the wheels of gpu-wheelhouse.sh in .whl/ (installed to /tmp/site first).
+# Offline hosts: carry the wheels of gpu-wheelhouse.sh in .whl/ (installed to /tmp/site first),
+# and .prebuilt/ (the extension a build returned as $OUT/extension.tar.xz) to skip the build.
 # Logs are written to a scratch folder and, after every step, packed with results/<gpu> into
 # one file, $OUT/session.tgz (default ./gpu-out): the GPU host returns only a few files per call.
 set -uo pipefail
@@ -44,12 +45,30 @@ export SPLITKV_GIT_SHA=${SPLITKV_GIT_SHA:-$(cat .git-sha 2>/dev/null)} PYTHONUNB
 # Each call copies the tree afresh, so every source is newer than its object and a build on a
 # still-warm host would redo everything (~2.5 min): skip it when the build's inputs are the ones
 # this host last built and the extension imports.
-build_inputs=$( { echo "$SPLITKV_CUDA_ARCHS"; find CMakeLists.txt pyproject.toml kernels -type f | LC_ALL=C sort | xargs sha256sum; } | sha256sum | cut -d' ' -f1)
+build_inputs=$( { echo "$SPLITKV_CUDA_ARCHS"; python3 -c "import sys, torch; print(sys.version_info[:2], torch.__version__)";
+                  find CMakeLists.txt pyproject.toml kernels -type f | LC_ALL=C sort | xargs sha256sum; } | sha256sum | cut -d' ' -f1)
+# A fresh host has no build; a call that carries .prebuilt/extension.tar.xz (what an earlier call
+# built from the same inputs, returned as $OUT/extension.tar.xz) installs the package without
+# CUDA (~20 s) and drops that extension beside it instead of compiling the kernels (~2.5 min).
+package_dir() { python3 -c "import os, splitkv_tune._rules as r; print(os.path.dirname(r.__file__))"; }
+prebuilt=.prebuilt/extension.tar.xz
 if [ "$(cat build/.inputs 2>/dev/null)" = "$build_inputs" ] && python3 -c "import splitkv_tune._C" 2>/dev/null; then
   echo "build: kept (this host built these inputs last)" | tee "$out/build.log"
+elif [ -f "$prebuilt" ] && [ "$(tar -xJOf "$prebuilt" inputs 2>/dev/null)" = "$build_inputs" ] \
+     && SPLITKV_BUILD_CUDA=0 python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&1 \
+     && tar -xJf "$prebuilt" -C "$(package_dir)" --exclude inputs && python3 -c "import splitkv_tune._C" 2>>"$out/build.log"; then
+  mkdir -p build && echo "$build_inputs" > build/.inputs
+  echo "build: the carried $prebuilt (built from these inputs)" | tee -a "$out/build.log"
 else
   python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; cp "$out/build.log" "$dest/"; exit 1; }
   mkdir -p build && echo "$build_inputs" > build/.inputs
+  # Returned when it fits the device's 16-MiB file limit; carry it as .prebuilt/ next time.
+  packed=$(mktemp -d)  # beside $out, whose files all go into session.tgz
+  echo "$build_inputs" > "$packed/inputs"
+  ext=$(python3 -c "import os, splitkv_tune._C as c; print(os.path.basename(c.__file__))")
+  XZ_OPT=-T0 tar -cJf "$packed/extension.tar.xz" -C "$(package_dir)" "$ext" -C "$packed" inputs \
+    && [ "$(stat -c %s "$packed/extension.tar.xz")" -le $((16 << 20)) ] && cp "$packed/extension.tar.xz" "$dest/" \
+    || echo "build: the extension is not returned (over 16 MiB compressed, or not packed)" | tee -a "$out/build.log"
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/nvidia-smi.txt"
 flag=${GPU:-h200}
