@@ -1,4 +1,5 @@
-"""The analytic cost model behind the selector's fallback (no table rows for a shape class).
+"""The analytic cost model behind the selector's fallback (a shape class with fewer table rows
+than the selector interpolates from).
 
 :func:`analytic_cost_ns` and :func:`analytic_config` are the rule (plain integers, the
 exported C++ header repeats them); :func:`analytic_configs` evaluates the same model for

@@ -19,7 +19,7 @@ import math
 from splitkv_tune import tunables
 from splitkv_tune.analytic import analytic_configs
 from splitkv_tune.selector import (DTYPE_CODES, NEIGHBOURS, Q, SK_DROP_BITS, HeuristicTable, _finalize,
-                                   _work, check_domain, log2_q16, profiles_for, sk_coord)
+                                   _work, check_domain, class_rows, log2_q16, profiles_for, sk_coord)
 from splitkv_tune.table_schema import MAX_DIM
 from splitkv_tune.tunables import Config, Shape, ceil_div
 
@@ -76,9 +76,7 @@ class KvLenLookup:
         bh = shape.batch * shape.kv_heads
         self.max_kv_len = min(MAX_DIM, 2**40 // bh)
         starts, coords = bucket_starts()
-        bm, _, _ = _work(shape)
-        cands = table.buckets.get((DTYPE_CODES[shape.dtype], shape.head_dim, int(shape.causal), bm)) \
-            if table is not None and len(table) else None
+        cands = class_rows(table, shape)
         widest = dataclasses.replace(shape, kv_len=MAX_DIM)  # _finalize without the S cap
         if cands:
             near, zero, splits = _interpolated_splits(cands, shape, coords)

@@ -5,9 +5,10 @@ the same integer arithmetic, so both choose identically):
 
 1. **Table hit** - a row of the heuristics table with exactly this shape
    (dtype, head_dim, causal, batch, q_heads, kv_heads, q_len, kv_len): its winner.
-2. **Interpolation** - among the rows with the same dtype, head_dim, causal and query-tile
-   height (``tunables.block_m_for(q_len * group)``: decode, small and large prefill run
-   different tiles), take the K=4 nearest rows by L1 distance in log2 space over the work
+2. **Interpolation** - when at least K=4 rows share the shape's dtype, head_dim, causal and
+   query-tile height (``tunables.block_m_for(q_len * group)``: decode, small and large prefill
+   run different tiles; a class of fewer rows goes to the fallback: interpolating from one or
+   two far rows chose S1 for D = 256 batches of 48 CTAs), take the K nearest rows by L1 distance in log2 space over the work
    dimensions ``(B*Hkv, Sk, Sq*G)`` (``G = Hq/Hkv``; ties -> lower row number, rows in
    canonical order: sorted by shape). ``Sk``'s coordinate is its log2 rounded down to a
    1/64 octave (``log2_q16(Sk)`` with the low 10 bits cleared, :func:`sk_coord`), for the
@@ -19,7 +20,7 @@ the same integer arithmetic, so both choose identically):
    (ties -> smaller S) and ``cap = min(128, ceil(Sk / block_kv))``. ``block_kv``,
    ``reduce_threads`` and ``split_policy`` are the nearest row's. Logs are fixed point
    (16 fractional bits) computed with integers only.
-3. **Analytic fallback** (no table rows for that dtype/head_dim/causal/tile height): over
+3. **Analytic fallback** (fewer than K table rows for that dtype/head_dim/causal/tile height): over
    every ``block_kv`` that fits the GPU's shared memory and every ``S`` in
    ``[1, min(128, kv blocks)]``, the fewest splits, then the largest block, whose modelled
    time (:func:`analytic_cost_ns`) is within ``CostModel.tie_pct`` of the least; the model
@@ -216,9 +217,20 @@ def _describe(table: HeuristicTable, i: int) -> str:
     return f"#{i + 1} (B={k[3]} Hq={k[4]} Hkv={k[5]} Sq={k[6]} Sk={k[7]} -> S={c.num_splits})"
 
 
+def class_rows(table: HeuristicTable | None, shape: Shape) -> list:
+    """The rows of ``shape``'s class (dtype, head_dim, causal, query-tile height) that the
+    interpolation reads, as ``(index, coords, logC)``; none when the class has fewer than
+    ``NEIGHBOURS`` rows (the fallback's case)."""
+    if table is None:
+        return []
+    key = (DTYPE_CODES[shape.dtype], shape.head_dim, int(shape.causal), block_m_for(shape.packed_rows))
+    rows = table.buckets.get(key, [])
+    return rows if len(rows) >= NEIGHBOURS else []
+
+
 def _interpolate(table: HeuristicTable, shape: Shape, profile) -> Selection | None:
-    bm, w, coords = _work(shape)
-    cands = table.buckets.get((DTYPE_CODES[shape.dtype], shape.head_dim, int(shape.causal), bm))
+    _, w, coords = _work(shape)
+    cands = class_rows(table, shape)
     if not cands:
         return None
     dist = sorted((sum(abs(a - b) for a, b in zip(coords, c)), i, lc)
@@ -273,8 +285,10 @@ def select_shape(table, shape: Shape, gpu=None, sms: int | None = None) -> Selec
         sel = _interpolate(table, shape, profile)
         if sel is not None:
             return sel
-        why = (f"no table rows for {shape.dtype}/d{shape.head_dim}/causal={int(shape.causal)}"
-               f"/block_m={block_m_for(shape.packed_rows)}")
+        have = len(table.buckets.get((DTYPE_CODES[shape.dtype], shape.head_dim, int(shape.causal),
+                                      block_m_for(shape.packed_rows)), ()))
+        why = (f"{have} table rows for {shape.dtype}/d{shape.head_dim}/causal={int(shape.causal)}"
+               f"/block_m={block_m_for(shape.packed_rows)}, fewer than the {NEIGHBOURS} it interpolates from")
     else:
         why = "no table"
     start = sk_bucket_start(shape.kv_len)
@@ -297,12 +311,14 @@ def select_config(table, *, dtype, head_dim, batch, q_heads, kv_heads, q_len, kv
     ...            block_kv=64, reduce_threads=128, split_policy="blocks", median_us=9.5,
     ...            n_trials=40, run_id="r1")
     >>> import pandas as pd
-    >>> t = HeuristicTable(pd.DataFrame([row, {**row, "kv_len": 16384, "num_splits": 32}]))
+    >>> t = HeuristicTable(pd.DataFrame([row, {**row, "kv_len": 16384, "num_splits": 32},
+    ...                                  {**row, "kv_len": 2048, "num_splits": 8},
+    ...                                  {**row, "kv_len": 32768, "num_splits": 48}]))
     >>> shape = dict(dtype="bf16", head_dim=128, batch=1, q_heads=32, kv_heads=8, q_len=1, causal=False)
     >>> select_config(t, kv_len=4096, **shape).config.num_splits, select_config(t, kv_len=4096, **shape).kind
     (16, 'hit')
     >>> select_config(t, kv_len=8192, **shape).config.num_splits
-    23
+    22
     >>> select_config(None, kv_len=8192, gpu="h200", **shape).kind
     'fallback'
     """

@@ -83,6 +83,25 @@ def test_fallback_without_table_or_rows(table):
     assert sel.kind == "fallback" and "block_m=64" in sel.reason
 
 
+@pytest.mark.parametrize("rows,kind", [(1, "fallback"), (3, "fallback"), (4, "interpolated")])
+def test_a_class_of_fewer_rows_than_neighbours_uses_the_fallback(rows, kind):
+    """Interpolating from one or two far rows chose S1 for D = 256 batches of 48 CTAs; a class
+    needs the K rows the interpolation reads."""
+    base = dict(schema_version=1, gpu="nvidia_h200", dtype="bf16", head_dim=256, causal=0, batch=1,
+                q_heads=16, kv_heads=8, q_len=1, num_splits=16, block_kv=32, reduce_threads=128,
+                split_policy="blocks", median_us=10.0, n_trials=40, run_id="r1")
+    t = HeuristicTable(pd.DataFrame([{**base, "kv_len": 4096 << i} for i in range(rows)]))
+    shape = Shape("bf16", 256, 6, 16, 8, 1, 24000)
+    sel = select_shape(t, shape)
+    assert sel.kind == kind
+    assert (sel.config == select_shape(None, shape, "h200").config) == (kind == "fallback")
+    if kind == "fallback":
+        assert f"{rows} table rows" in sel.reason and "fewer than the 4" in sel.reason
+        assert selector.class_rows(t, shape) == []
+    else:
+        assert len(selector.class_rows(t, shape)) == rows
+
+
 @pytest.mark.parametrize("gpu", ["nvidia_h200", "nvidia_a100", "nvidia_l40s", "nvidia_b200", None])
 def test_never_an_invalid_config(table, gpu, random_shapes):
     prof = profile_for(gpu) if gpu else None

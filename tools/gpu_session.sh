@@ -8,7 +8,8 @@
 # pdl-ab: the table's config with and without programmatic dependent launch on the small
 # decode shapes, two fixed-cost and two large ones (~1.5 min); sweep: quick grid
 # (~3 min); evaluate: selector regret on the GPU (~2 min); evaluate-holdout: the same on the 36
-# held-out real-model shapes, every timed config kept (~5 min); breakdown: kernel time per call
+# held-out real-model shapes, every timed config kept (~5 min); evaluate-confirm: the same on the
+# second held-out set (32 shapes, ~5 min); breakdown: kernel time per call
 # (~1.5 min); compare: quick grid and causal prefill against the peers (~6 min); compare-batch:
 # the paged kernel on the issue's skewed batches and a uniform one vs FlashInfer and padded cuDNN
 # SDPA (~5 min, FlashInfer's JIT included; compare_batch.md/.csv); profile-live: Nsight
@@ -106,6 +107,13 @@ dense_sweep() {
   limit "$seconds" splitkv-tune sweep --gpu "$flag" --grid configs/dense_decode.yaml --dtype "${part%%_*}" \
     --head-dim "${part##*_d}" --sampler tpe --out "$dir" --no-progress "$@" \
     $( [ -f "$dir/optuna.journal" ] && echo --resume ) 2>&1 | tail -8 | tee -a "$out/dense_part.log"
+}
+# evaluate_held_out SHAPES NAME: the selector's regret on a held-out set, every timed config kept
+# (NAME_models_trials.csv) for offline replays against later tables (HOLDOUT_TIMEOUT).
+evaluate_held_out() {
+  limit ${HOLDOUT_TIMEOUT:-480} splitkv-tune evaluate --gpu "$flag" --shapes-file "$1" \
+    --out-csv "results/$gpu/evaluate_$2.csv" --out-md "results/$gpu/evaluate_$2.md" \
+    --out-trials "results/$gpu/$2_models_trials.csv" 2>&1 | tail -50 | tee "$out/evaluate_$2.log"
 }
 small_decode="1 8 1 4096|1 8 1 16384|1 8 1 65536|1 32 1 4096|4 8 1 4096|4 8 1 16384|1 8 4 16384|1 8 16 16384 --causal"
 # compare_batch NAME TIMEOUT ARGS...: splitkv-tune compare-batch at page 64 with ARGS and
@@ -228,9 +236,11 @@ for mode in "$@"; do
     evaluate-holdout)
       # The selector on the 36 held-out real-model shapes, every timed config kept
       # (holdout_models_trials.csv) for offline replays against later tables.
-      limit ${HOLDOUT_TIMEOUT:-480} splitkv-tune evaluate --gpu "$flag" --shapes-file configs/models_holdout.yaml \
-        --out-csv results/$gpu/evaluate_holdout.csv --out-md results/$gpu/evaluate_holdout.md \
-        --out-trials results/$gpu/holdout_models_trials.csv 2>&1 | tail -50 | tee "$out/evaluate_holdout.log"
+      evaluate_held_out configs/models_holdout.yaml holdout
+      ;;
+    evaluate-confirm)
+      # The same on the second held-out set (32 shapes chosen after the class-size rule).
+      evaluate_held_out configs/models_holdout_confirm.yaml confirm
       ;;
     breakdown)
       # Kernel time per call at the table's config (issue 2: the combine kernel's share).

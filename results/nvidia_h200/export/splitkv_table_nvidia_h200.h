@@ -8,12 +8,13 @@
 // knobs of a paged / variable-length call (gpu_<name>::select_live_knobs(), its batch classes).
 // Each splitkv_tune::gpu_<name>::select_config() implements the rule of
 // splitkv_tune.selector.select_config with the same integer arithmetic (so both choose
-// identically): exact table hit; else interpolation among rows of the same
-// dtype/head_dim/causal/query-tile height (K=4 nearest in fixed-point log2 space over B*Hkv,
-// Sk, Sq*G, Sk's log2 rounded down to 1/64 octave; split count from the inverse-distance
-// weighted log2 of the split kernel's CTA count); else the analytic wave-quantisation +
-// combine cost model over the GPU's profile, at the first Sk of the shape's 1/64-octave
-// bucket, with num_sms SMs when num_sms > 0. Include one generated header per program.
+// identically): exact table hit; else, when at least K=4 rows share the shape's
+// dtype/head_dim/causal/query-tile height, interpolation among them (K=4 nearest in
+// fixed-point log2 space over B*Hkv, Sk, Sq*G, Sk's log2 rounded down to 1/64 octave; split
+// count from the inverse-distance weighted log2 of the split kernel's CTA count); else the
+// analytic wave-quantisation + combine cost model over the GPU's profile, at the first Sk of
+// the shape's 1/64-octave bucket, with num_sms SMs when num_sms > 0. Include one generated
+// header per program.
 #ifndef SPLITKV_TUNE_TABLE_NVIDIA_H200_H_
 #define SPLITKV_TUNE_TABLE_NVIDIA_H200_H_
 
@@ -978,7 +979,7 @@ inline bool select_config(int dtype, int head_dim, std::int64_t batch, std::int6
     }
     if (j < 4) { nd[j] = d; ni[j] = i; }
   }
-  if (n == 0) {
+  if (n < 4) {  // a class of fewer than K rows: the fallback, not an interpolation from them
     const Shape start{head_dim, batch, q_heads, kv_heads, q_len, sk_bucket_start(kv_len)};
     // Two calls so that the profile's SM count stays a compile-time constant in the model.
     *out = finalize(num_sms > 0 ? analytic(start, num_sms) : analytic(start, kSms), s, true,
