@@ -101,6 +101,28 @@ def test_cpp_header_agrees_with_python(tmp_path, gpu, random_shapes):
     assert kinds == {"0", "1", "2"} and want.count("invalid") == 5
 
 
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_cpp_header_takes_the_fallback_below_four_rows_of_a_class(tmp_path, random_shapes):
+    """A class of 3 rows (D = 256) goes to the fallback, one of 4 (D = 96) interpolates: the
+    header agrees with Python on both sides of the class-size rule."""
+    base = read_heuristics(HEURISTICS).iloc[0].to_dict()
+    rows = [{**base, "dtype": "bf16", "head_dim": d, "causal": 0, "batch": 1, "q_heads": 16,
+             "kv_heads": 8, "q_len": 1, "kv_len": 4096 << i, "num_splits": 8 << i, "block_kv": 32}
+            for d, n in ((256, 3), (96, 4)) for i in range(n)]
+    df = pd.DataFrame(rows)
+    exe = _compile(tmp_path, export_cpp_header(HeuristicTable(df), tmp_path / "out.h"), "gpu_" + base["gpu"])
+    table = HeuristicTable(df)
+    shapes = [Shape("bf16", d, s.batch, s.q_heads, s.kv_heads, 1, s.kv_len)
+              for s in random_shapes(300, seed=7) for d in (96, 256)]
+    stdin = "".join(f"{DTYPES.index(s.dtype)} {s.head_dim} {s.batch} {s.q_heads} {s.kv_heads} "
+                    f"{s.q_len} {s.kv_len} {int(s.causal)}\n" for s in shapes)
+    got = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.splitlines()
+    want = [_python_answer(table, s, None) for s in shapes]
+    assert got == want
+    kinds = {(s.head_dim, w.split()[-1]) for s, w in zip(shapes, want) if w != "invalid"}
+    assert (256, "2") in kinds and (96, "1") in kinds and (256, "1") not in kinds
+
+
 def test_json_round_trip(tmp_path):
     df = read_heuristics(HEURISTICS)
     paths = export_json(df, tmp_path)

@@ -1,10 +1,11 @@
 """Selector on fixture tables: hits, interpolation, fallback, never an invalid config."""
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from splitkv_tune import evaluation, selector
+from splitkv_tune import evaluation, lookup, selector
 from splitkv_tune.evaluation import evaluate_trials, fallback_vs_fa2, shape_of
 from splitkv_tune.gpus import profile_for
 from splitkv_tune.selector import (HeuristicTable, auto_config, load_table_for_gpu, select_config,
@@ -94,7 +95,13 @@ def test_a_class_of_fewer_rows_than_neighbours_uses_the_fallback(rows, kind):
     shape = Shape("bf16", 256, 6, 16, 8, 1, 24000)
     sel = select_shape(t, shape)
     assert sel.kind == kind
-    assert (sel.config == select_shape(None, shape, "h200").config) == (kind == "fallback")
+    if kind == "fallback":
+        assert sel.config == select_shape(None, shape, "h200").config
+    # The run-time lookup of "auto" takes the same path on every Sk.
+    found = lookup.KvLenLookup(shape, t, "NVIDIA H200", 132)
+    for sk in (1, 100, 4095, 4096, 5000, 24000, 40000, 2**20):
+        s = dataclasses.replace(shape, kv_len=sk)
+        assert found.config(sk) == select_shape(t, s, "NVIDIA H200", sms=132).config, sk
     if kind == "fallback":
         assert f"{rows} table rows" in sel.reason and "fewer than the 4" in sel.reason
         assert selector.class_rows(t, shape) == []

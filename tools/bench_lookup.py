@@ -22,7 +22,7 @@ from pathlib import Path
 from splitkv_tune import selector
 from splitkv_tune.export_cpp import export_cpp_header
 from splitkv_tune.table_schema import read_heuristics
-from splitkv_tune.tunables import DTYPES, HEAD_DIMS, Shape, block_m_for
+from splitkv_tune.tunables import DTYPES, HEAD_DIMS, Shape
 
 CPP = r"""
 #include "table.h"
@@ -131,7 +131,8 @@ def _row_shapes(table):
 
 def fallback_shapes(table: selector.HeuristicTable, n: int, max_kv_len: int, seed: int = 12):
     """n seeded random shapes that reach the analytic fallback (a dtype/head_dim/causal/tile
-    height without table rows): decode and prefill, batches up to 256, Sk up to max_kv_len."""
+    height with fewer table rows than the interpolation reads): decode and prefill, batches up
+    to 256, Sk up to max_kv_len."""
     rng = random.Random(seed)
     out = []
     while len(out) < n:
@@ -139,8 +140,7 @@ def fallback_shapes(table: selector.HeuristicTable, n: int, max_kv_len: int, see
         shape = Shape(rng.choice(DTYPES), rng.choice(HEAD_DIMS), max(1, int(2 ** rng.uniform(0, 8))),
                       hkv * group, hkv, rng.choice([1, 1, rng.randint(2, 16), rng.randint(17, 2048)]),
                       max(1, int(2 ** rng.uniform(0, math.log2(max_kv_len)))), causal=rng.random() < 0.3)
-        klass = (DTYPES.index(shape.dtype), shape.head_dim, int(shape.causal), block_m_for(shape.packed_rows))
-        if klass not in table.buckets:
+        if not selector.class_rows(table, shape):
             out.append(shape)
     return out
 

@@ -47,19 +47,26 @@ export SPLITKV_GIT_SHA=${SPLITKV_GIT_SHA:-$(cat .git-sha 2>/dev/null)} PYTHONUNB
 # still-warm host would redo everything (~2.5 min): skip it when the build's inputs are the ones
 # this host last built and the extension imports.
 build_inputs=$( { echo "$SPLITKV_CUDA_ARCHS"; python3 -c "import sys, torch; print(sys.version_info[:2], torch.__version__)";
-                  find CMakeLists.txt pyproject.toml kernels -type f | LC_ALL=C sort | xargs sha256sum; } | sha256sum | cut -d' ' -f1)
+                  nvcc --version | tail -1; c++ --version | head -1; find CMakeLists.txt pyproject.toml kernels -type f | LC_ALL=C sort | xargs sha256sum; } | sha256sum | cut -d' ' -f1)
 # A fresh host has no build; a call that carries .prebuilt/extension.tar.xz (what an earlier call
 # built from the same inputs, returned as $OUT/extension.tar.xz) installs the package without
 # CUDA (~20 s) and drops that extension beside it instead of compiling the kernels (~2.5 min).
 package_dir() { python3 -c "import os, splitkv_tune._rules as r; print(os.path.dirname(r.__file__))"; }
 prebuilt=.prebuilt/extension.tar.xz
+# use_prebuilt: installs the carried extension; says why not (into prebuilt.log) when it cannot.
+use_prebuilt() {
+  [ -f "$prebuilt" ] || return 1
+  [ "$(tar -xJOf "$prebuilt" inputs 2>/dev/null)" = "$build_inputs" ] \
+    || { echo "build: the carried $prebuilt was built from other inputs" | tee "$out/prebuilt.log"; return 1; }
+  { SPLITKV_BUILD_CUDA=0 python3 -m pip install --no-build-isolation --no-deps -e . \
+      && tar -xJf "$prebuilt" -C "$(package_dir)" --exclude inputs && python3 -c "import splitkv_tune._C"; } \
+    >"$out/prebuilt.log" 2>&1 || { echo "build: the carried $prebuilt did not install (prebuilt.log)"; return 1; }
+}
 if [ "$(cat build/.inputs 2>/dev/null)" = "$build_inputs" ] && python3 -c "import splitkv_tune._C" 2>/dev/null; then
   echo "build: kept (this host built these inputs last)" | tee "$out/build.log"
-elif [ -f "$prebuilt" ] && [ "$(tar -xJOf "$prebuilt" inputs 2>/dev/null)" = "$build_inputs" ] \
-     && SPLITKV_BUILD_CUDA=0 python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&1 \
-     && tar -xJf "$prebuilt" -C "$(package_dir)" --exclude inputs && python3 -c "import splitkv_tune._C" 2>>"$out/build.log"; then
+elif use_prebuilt; then
   mkdir -p build && echo "$build_inputs" > build/.inputs
-  echo "build: the carried $prebuilt (built from these inputs)" | tee -a "$out/build.log"
+  echo "build: the carried $prebuilt (built from these inputs)" | tee "$out/build.log"
 else
   python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; cp "$out/build.log" "$dest/"; exit 1; }
   mkdir -p build && echo "$build_inputs" > build/.inputs
@@ -315,7 +322,7 @@ for mode in "$@"; do
       dense_sweep ${DENSE_RETIME_TIMEOUT:-300} --warm-start "$(dense_dir)/trials.csv" --warm-start-select spread \
         --warm-start-top 64 --study-prefix "splitkv:$gpu:spread:"
       ;;
-    *) echo "usage: $0 MODE... (test, head-dims, host-floor, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, compare-batch-eager, profile-live, profile-dense, kv-cliff, evaluate-holdout, batch-sweep, batch-evaluate, dense-part, dense-retime)" >&2; exit 2 ;;
+    *) echo "usage: $0 MODE... (test, head-dims, host-floor, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, compare-batch-eager, profile-live, profile-dense, kv-cliff, evaluate-holdout, evaluate-confirm, batch-sweep, batch-evaluate, dense-part, dense-retime)" >&2; exit 2 ;;
   esac
   pack
 done
