@@ -8,18 +8,19 @@ the same integer arithmetic, so both choose identically):
 2. **Interpolation** - when at least K=4 rows share the shape's dtype, head_dim, causal and
    query-tile height (``tunables.block_m_for(q_len * group)``: decode, small and large prefill
    run different tiles; a class of fewer rows goes to the fallback: interpolating from one or
-   two far rows chose S1 for D = 256 batches of 48 CTAs), take the K nearest rows by L1 distance in log2 space over the work
-   dimensions ``(B*Hkv, Sk, Sq*G)`` (``G = Hq/Hkv``; ties -> lower row number, rows in
-   canonical order: sorted by shape). ``Sk``'s coordinate is its log2 rounded down to a
-   1/64 octave (``log2_q16(Sk)`` with the low 10 bits cleared, :func:`sk_coord`), for the
-   query and the rows alike: every ``Sk`` of one such bucket gets the same answer up to the
-   final cap, so the run-time lookup (``splitkv_tune.lookup``) precomputes it per bucket. A row at distance 0 is used as it is. Otherwise the
-   split count is interpolated through the split kernel's CTA count ``C = S * B*Hkv*m_blocks``:
-   ``log2 C`` is the inverse-distance weighted mean of the neighbours' ``log2 C``, and ``S`` is
-   the integer in ``[1, cap]`` whose log2 is nearest to ``log2 C - log2(B*Hkv*m_blocks)``
-   (ties -> smaller S) and ``cap = min(128, ceil(Sk / block_kv))``. ``block_kv``,
-   ``reduce_threads`` and ``split_policy`` are the nearest row's. Logs are fixed point
-   (16 fractional bits) computed with integers only.
+   two far rows chose S1 for D = 256 batches of 48 CTAs), take the K nearest rows by L1
+   distance in log2 space over the work dimensions ``(B*Hkv, Sk, Sq*G)`` (``G = Hq/Hkv``; ties
+   -> lower row number, rows in canonical order: sorted by shape). ``Sk``'s coordinate is its
+   log2 rounded down to a 1/64 octave (``log2_q16(Sk)`` with the low 10 bits cleared,
+   :func:`sk_coord`), for the query and the rows alike: every ``Sk`` of one such bucket gets
+   the same answer up to the final cap, so the run-time lookup (``splitkv_tune.lookup``)
+   precomputes it per bucket. A row at distance 0 is used as it is. Otherwise the split count
+   is interpolated through the split kernel's CTA count ``C = S * B*Hkv*m_blocks``: ``log2 C``
+   is the inverse-distance weighted mean of the neighbours' ``log2 C``, and ``S`` is the
+   integer in ``[1, cap]`` whose log2 is nearest to ``log2 C - log2(B*Hkv*m_blocks)`` (ties ->
+   smaller S) and ``cap = min(128, ceil(Sk / block_kv))``. ``block_kv``, ``reduce_threads`` and
+   ``split_policy`` are the nearest row's. Logs are fixed point (16 fractional bits) computed
+   with integers only.
 3. **Analytic fallback** (fewer than K table rows for that dtype/head_dim/causal/tile height): over
    every ``block_kv`` that fits the GPU's shared memory and every ``S`` in
    ``[1, min(128, kv blocks)]``, the fewest splits, then the largest block, whose modelled
@@ -287,8 +288,9 @@ def select_shape(table, shape: Shape, gpu=None, sms: int | None = None) -> Selec
             return sel
         have = len(table.buckets.get((DTYPE_CODES[shape.dtype], shape.head_dim, int(shape.causal),
                                       block_m_for(shape.packed_rows)), ()))
-        why = (f"{have} table rows for {shape.dtype}/d{shape.head_dim}/causal={int(shape.causal)}"
-               f"/block_m={block_m_for(shape.packed_rows)}, fewer than the {NEIGHBOURS} it interpolates from")
+        why = (f"{have} table row{'' if have == 1 else 's'} for {shape.dtype}/d{shape.head_dim}"
+               f"/causal={int(shape.causal)}/block_m={block_m_for(shape.packed_rows)}, fewer than the "
+               f"{NEIGHBOURS} it interpolates from")
     else:
         why = "no table"
     start = sk_bucket_start(shape.kv_len)

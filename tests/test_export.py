@@ -116,7 +116,8 @@ def test_cpp_header_takes_the_fallback_below_four_rows_of_a_class(tmp_path, rand
               for s in random_shapes(300, seed=7) for d in (96, 256)]
     stdin = "".join(f"{DTYPES.index(s.dtype)} {s.head_dim} {s.batch} {s.q_heads} {s.kv_heads} "
                     f"{s.q_len} {s.kv_len} {int(s.causal)}\n" for s in shapes)
-    got = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.splitlines()
+    got = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
     want = [_python_answer(table, s, None) for s in shapes]
     assert got == want
     kinds = {(s.head_dim, w.split()[-1]) for s, w in zip(shapes, want) if w != "invalid"}
