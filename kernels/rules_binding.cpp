@@ -112,6 +112,10 @@ PYBIND11_MODULE(_rules, m) {
     return py::make_tuple(w.m, w.n);
   }, py::arg("block_m"));
   m.def("warps_own_keys", &rules::warps_own_keys, py::arg("block_m"), py::arg("block_kv"));
+  m.def("split_kernel_registers", &rules::split_kernel_registers, py::arg("head_dim"), py::arg("block_m"),
+        py::arg("block_kv"));
+  m.def("register_residency", &rules::register_residency, py::arg("head_dim"), py::arg("block_m"),
+        py::arg("block_kv"));
   m.def("smem_bytes", &rules::smem_bytes, py::arg("element_bytes"), py::arg("head_dim"), py::arg("block_m"),
         py::arg("block_kv"));
   m.def("tile_kv_end", &rules::tile_kv_end, py::arg("causal"), py::arg("kv_len"), py::arg("q_len"),

@@ -29,7 +29,6 @@ class CostModel:
     tile_ns: int = 600                 # per CTA: Q tile load, pipeline fill, epilogue
     mem_latency_ns: int = 700          # DRAM latency of the combine's first loads
     cta_stream_mbps: int = 42500       # bytes/µs one CTA streams (H200, 2026-11-29 sweeps)
-    ctas_per_sm: int = 2               # register-limited residency (smem may lower it)
     mma_flop_per_ns_per_sm: int = 2000  # achieved mma.sync throughput of one SM
     l2_speedup_pct: int = 250          # combine reading partials still in L2
     combine_split_ns: int = 15         # serial merge cost per split in the combine kernel
@@ -40,13 +39,20 @@ class CostModel:
 MODEL = CostModel()
 
 
+def residency(head_dim: int, block_kv: int, block_m: int, profile: GpuProfile) -> int:
+    """CTAs of one split-kernel config an SM holds: the fewer of what its registers and its
+    shared memory allow, at least 1."""
+    return max(1, min(tunables.register_residency(head_dim, block_kv, block_m),
+                      profile.smem_per_sm // smem_bytes(head_dim, block_kv, block_m)))
+
+
 def analytic_cost_ns(shape: Shape, num_splits: int, block_kv: int, profile: GpuProfile,
                      model: CostModel = MODEL) -> int:
     """Modelled time of one launch (split kernel + combine) in integer nanoseconds.
 
     Split kernel: ``C = B*Hkv*m_blocks*S`` CTAs run in waves of ``slots = SMs * residency``
-    (residency = ``min(ctas_per_sm, smem_per_sm // smem)``); full waves and the tail wave are
-    timed apart (wave quantisation). A CTA walks ``ceil(blocks/S)`` KV blocks; alone on an SM
+    (:func:`residency`: the fewer CTAs of the kernel's registers, rules.h, and of its shared
+    memory); full waves and the tail wave are timed apart (wave quantisation). A CTA walks ``ceil(blocks/S)`` KV blocks; alone on an SM
     it streams one block in ``block_ns`` plus the block's bytes at ``cta_stream_mbps``. (The
     constants were read off the H200 sweeps of the loop with CTA barriers, ~32 GB/s per CTA
     at block_kv 64; refitting them to the current loop's 48-59 GB/s made the selection worse
@@ -71,8 +77,7 @@ def analytic_cost_ns(shape: Shape, num_splits: int, block_kv: int, profile: GpuP
     cta_bytes = keys * d * 4 + rows * d * 2 + out
     cta_flops = 4 * bm * keys * d
     sms, bw = profile.sms, int(round(profile.copy_bw_gbps * 1000))  # MB/s = bytes per us
-    slots = sms * max(1, min(model.ctas_per_sm,
-                             profile.smem_per_sm // smem_bytes(d, block_kv, bm)))
+    slots = sms * residency(d, block_kv, bm, profile)
     # One CTA streams a KV block in a fixed per-block time plus its bytes at the CTA's peak rate.
     tile_bytes = block_kv * d * 4
     cta_bw = tile_bytes * 1000 // (model.block_ns + tile_bytes * 1000 // model.cta_stream_mbps)
@@ -104,7 +109,7 @@ def analytic_config(shape: Shape, profile: GpuProfile, model: CostModel = MODEL)
 
     >>> analytic_config(Shape("bf16", 128, 1, 32, 8, 1, 16384), profile_for("h200")).num_splits > 1
     True
-    >>> analytic_config(Shape("bf16", 128, 64, 32, 32, 1, 16384), profile_for("h200")).num_splits
+    >>> analytic_config(Shape("bf16", 128, 32, 32, 32, 1, 16384), profile_for("h200")).num_splits
     1
     """
     bm = block_m_for(shape.packed_rows)
@@ -146,7 +151,7 @@ def analytic_configs(shape: Shape, kv_lens, profile: GpuProfile, model: CostMode
         keys = np.minimum(ceil_div(nblk, splits) * bkv, sk)
         cta_bytes = keys * d * 4 + rows * d * 2 + out
         cta_flops = 4 * bm * keys * d
-        slots = sms * max(1, min(model.ctas_per_sm, profile.smem_per_sm // smem_bytes(d, bkv, bm)))
+        slots = sms * residency(d, bkv, bm, profile)
         tile_bytes = bkv * d * 4
         cta_bw = tile_bytes * 1000 // (model.block_ns + tile_bytes * 1000 // model.cta_stream_mbps)
 

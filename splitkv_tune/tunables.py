@@ -289,6 +289,16 @@ def smem_bytes(head_dim: int, block_kv: int, block_m: int) -> int:
     return _rules.smem_bytes(2, head_dim, block_m, block_kv)
 
 
+def register_residency(head_dim: int, block_kv: int, block_m: int) -> int:
+    """CTAs of the equal-length split kernel that one SM's registers hold on sm_90 (rules.h, from
+    the kernel's ptxas register count).
+
+    >>> [register_residency(128, kv, 16) for kv in (32, 64, 128)], register_residency(256, 32, 16)
+    ([4, 3, 2], 2)
+    """
+    return _rules.register_residency(head_dim, block_m, block_kv)
+
+
 def check_merge(merge: str) -> str:
     """``merge`` itself when it names a way to merge partials, else ``ValueError``.
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from splitkv_tune import codegen, tunables
+from splitkv_tune import _rules, codegen, tunables
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,6 +88,13 @@ def test_kernel_templates_compile_for_sm90(nvcc_flags, tmp_path):
         spills = _spills_by_kernel(proc.stderr)
         if src.parent.name == "instantiations":
             assert spills, f"no ptxas report for the kernels of {src.name}"
+        if src.stem.startswith("split_"):
+            # The analytic model's residency (rules.h split_kernel_registers) is this count.
+            _, _, hd, bm, bkv = src.stem.split("_")
+            want = _rules.split_kernel_registers(int(hd[2:]), int(bm[2:]), int(bkv[3:]))
+            equal = [n for k, n in _registers_by_kernel(proc.stderr).items() if "split_kv_kernel" in k]
+            assert equal == [want], (f"{src.name}: the equal-length kernel uses {equal} registers, rules.h "
+                                     f"split_kernel_registers says {want}: update it (tools/kernel_registers.py)")
         for kernel, stored in spills.items():
             # Register spills would put the accumulators in local memory: a silent slowdown.
             if "split_kv_live_kernel" not in kernel:
@@ -99,17 +106,27 @@ def test_kernel_templates_compile_for_sm90(nvcc_flags, tmp_path):
                 assert stored <= 8, f"{src.name}: {kernel} spills {stored} bytes:\n{proc.stderr[-2000:]}"
 
 
-def _spills_by_kernel(ptxas_log: str) -> dict[str, int]:
-    """Spill-store bytes of each entry function of a ptxas -v log."""
-    spills, kernel = {}, None
+def _per_kernel(ptxas_log: str, pattern: str) -> dict[str, int]:
+    """``pattern``'s number (its group 1) for each entry function of a ptxas -v log."""
+    found, kernel = {}, None
     for line in ptxas_log.splitlines():
         entry = re.search(r"Compiling entry function '([^']+)'", line)
         if entry:
             kernel = entry.group(1)
-        stored = re.search(r"(\d+) bytes spill stores", line)
-        if stored and kernel is not None:
-            spills[kernel] = int(stored.group(1))
-    return spills
+        number = re.search(pattern, line)
+        if number and kernel is not None:
+            found[kernel] = int(number.group(1))
+    return found
+
+
+def _spills_by_kernel(ptxas_log: str) -> dict[str, int]:
+    """Spill-store bytes of each entry function of a ptxas -v log."""
+    return _per_kernel(ptxas_log, r"(\d+) bytes spill stores")
+
+
+def _registers_by_kernel(ptxas_log: str) -> dict[str, int]:
+    """Registers per thread of each entry function of a ptxas -v log."""
+    return _per_kernel(ptxas_log, r"Used (\d+) registers")
 
 
 def _live_kernel_may_spill(stem: str) -> bool:

@@ -69,6 +69,32 @@ SPLITKV_HOST_DEVICE constexpr int smem_bytes(int element_bytes, int head_dim, in
   return element_bytes * elems + (exchanges ? 4 * 2 * warps_n * block_m : 0);
 }
 
+// Registers per thread of the equal-length split kernel on sm_90 (ptxas of nvcc 13.0, the build's
+// flags; fp16 and bf16 alike), by head dim, query-tile height and block_kv: what the register
+// file lets an SM hold of it (register_residency) is the analytic model's residency besides
+// shared memory. tools/kernel_registers.py prints these counts from every instantiation, and
+// tests/test_build.py checks them against the ptxas report of the instantiations it compiles.
+SPLITKV_HOST_DEVICE constexpr int split_kernel_registers(int head_dim, int block_m, int block_kv) {
+  const int kv = block_kv == 32 ? 0 : block_kv == 64 ? 1 : 2;
+  const int m = block_m == 16 ? 0 : 1;
+  constexpr int k64[2][3] = {{128, 126, 128}, {126, 168, 255}};
+  constexpr int k96[2][3] = {{89, 154, 154}, {159, 168, 255}};
+  constexpr int k128[2][3] = {{128, 167, 194}, {168, 224, 255}};
+  constexpr int k256[2][3] = {{186, 211, 255}, {252, 254, 255}};
+  return head_dim == 64 ? k64[m][kv] : head_dim == 96 ? k96[m][kv] : head_dim == 128 ? k128[m][kv] : k256[m][kv];
+}
+
+inline constexpr int kRegistersPerSm = 65536;
+inline constexpr int kRegisterAllocationUnit = 8;  // registers per thread are allocated in steps of 8
+
+// CTAs of the equal-length split kernel that one SM's registers hold (at least 1).
+SPLITKV_HOST_DEVICE constexpr int register_residency(int head_dim, int block_m, int block_kv) {
+  const int regs = ceil_div(split_kernel_registers(head_dim, block_m, block_kv), kRegisterAllocationUnit) *
+                   kRegisterAllocationUnit;
+  const int ctas = kRegistersPerSm / (regs * kNumWarps * 32);
+  return ctas > 1 ? ctas : 1;
+}
+
 // One past the last key any row of query tile m_block may attend. Causal masks are aligned
 // bottom-right: query i sees keys j <= i + kv_len - q_len.
 SPLITKV_HOST_DEVICE constexpr int tile_kv_end(bool causal, int kv_len, int q_len, int group, int packed_rows,

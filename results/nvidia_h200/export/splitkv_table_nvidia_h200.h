@@ -123,6 +123,32 @@ SPLITKV_HOST_DEVICE constexpr int smem_bytes(int element_bytes, int head_dim, in
   return element_bytes * elems + (exchanges ? 4 * 2 * warps_n * block_m : 0);
 }
 
+// Registers per thread of the equal-length split kernel on sm_90 (ptxas of nvcc 13.0, the build's
+// flags; fp16 and bf16 alike), by head dim, query-tile height and block_kv: what the register
+// file lets an SM hold of it (register_residency) is the analytic model's residency besides
+// shared memory. tools/kernel_registers.py prints these counts from every instantiation, and
+// tests/test_build.py checks them against the ptxas report of the instantiations it compiles.
+SPLITKV_HOST_DEVICE constexpr int split_kernel_registers(int head_dim, int block_m, int block_kv) {
+  const int kv = block_kv == 32 ? 0 : block_kv == 64 ? 1 : 2;
+  const int m = block_m == 16 ? 0 : 1;
+  constexpr int k64[2][3] = {{128, 126, 128}, {126, 168, 255}};
+  constexpr int k96[2][3] = {{89, 154, 154}, {159, 168, 255}};
+  constexpr int k128[2][3] = {{128, 167, 194}, {168, 224, 255}};
+  constexpr int k256[2][3] = {{186, 211, 255}, {252, 254, 255}};
+  return head_dim == 64 ? k64[m][kv] : head_dim == 96 ? k96[m][kv] : head_dim == 128 ? k128[m][kv] : k256[m][kv];
+}
+
+inline constexpr int kRegistersPerSm = 65536;
+inline constexpr int kRegisterAllocationUnit = 8;  // registers per thread are allocated in steps of 8
+
+// CTAs of the equal-length split kernel that one SM's registers hold (at least 1).
+SPLITKV_HOST_DEVICE constexpr int register_residency(int head_dim, int block_m, int block_kv) {
+  const int regs = ceil_div(split_kernel_registers(head_dim, block_m, block_kv), kRegisterAllocationUnit) *
+                   kRegisterAllocationUnit;
+  const int ctas = kRegistersPerSm / (regs * kNumWarps * 32);
+  return ctas > 1 ? ctas : 1;
+}
+
 // One past the last key any row of query tile m_block may attend. Causal masks are aligned
 // bottom-right: query i sees keys j <= i + kv_len - q_len.
 SPLITKV_HOST_DEVICE constexpr int tile_kv_end(bool causal, int kv_len, int q_len, int group, int packed_rows,
@@ -767,7 +793,7 @@ constexpr std::int64_t kSmemPerBlock = 232448;
 constexpr std::int64_t kSms = 132, kCopyBwMBps = 4260000, kL2Bytes = 62914560, kFbSmemPerSm = 233472,
                      kFbSmemPerBlock = 232448;
 constexpr std::int64_t kLaunchNs = 2000, kTileNs = 600, kMemLatencyNs = 700,
-    kCtasPerSm = 2, kMmaFlopPerNsPerSm = 2000,
+    kMmaFlopPerNsPerSm = 2000,
     kL2SpeedupPct = 250, kCombineSplitNs = 15,
     kBlockNs = 230, kCtaStreamMBps = 42500, kTiePct = 1;
 constexpr int kBlockKv[] = {32, 64, 128};
@@ -840,7 +866,7 @@ inline std::int64_t combine_ns(const Shape& s, std::int64_t splits) {
          splits * kCombineSplitNs;
 }
 
-constexpr std::int64_t kMaxPerSm = kCtasPerSm > 1 ? kCtasPerSm : 1;  // CTAs of one SM, at most
+constexpr std::int64_t kMaxPerSm = splitkv::rules::kMaxCtasPerSm;  // CTAs of one SM, at most
 
 // The analytic fallback (analytic.analytic_config): the fewest splits, then the largest block,
 // whose modelled ns (analytic.analytic_cost_ns) is within kTiePct of the least, over every
@@ -856,7 +882,10 @@ inline Config analytic(const Shape& s, std::int64_t sms) {
   for (int i = 0; i < kNumBlockKv; ++i) {
     const std::int64_t bkv = kBlockKv[i], smem = smem_bytes(s.d, bkv, bm);
     const std::int64_t nblk = ceil_div(s.sk, bkv), top = i == 0 || smem <= kFbSmemPerBlock ? min64(kMaxSplits, nblk) : 0;
-    const std::int64_t per_sm_max = max64(1, min64(kCtasPerSm, kFbSmemPerSm / smem)), slots = sms * per_sm_max;
+    const std::int64_t per_sm_max =
+        max64(1, min64(splitkv::rules::register_residency(static_cast<int>(s.d), bm, static_cast<int>(bkv)),
+                       kFbSmemPerSm / smem));
+    const std::int64_t slots = sms * per_sm_max;
     const std::int64_t tile_bytes = bkv * s.d * 4;
     const std::int64_t cta_bw = tile_bytes * 1000 / (kBlockNs + tile_bytes * 1000 / kCtaStreamMBps);
     // A wave of `a` CTAs with p = ceil(a / sms) on some SM streams each CTA at
