@@ -41,7 +41,7 @@ MODEL = CostModel()
 
 def residency(head_dim: int, block_kv: int, block_m: int, profile: GpuProfile) -> int:
     """CTAs of one split-kernel config an SM holds: the fewer of what its registers and its
-    shared memory allow, at least 1."""
+    shared memory allow, at least 1 (the registers as sm_90 builds use them, on every profile)."""
     return max(1, min(tunables.register_residency(head_dim, block_kv, block_m),
                       profile.smem_per_sm // smem_bytes(head_dim, block_kv, block_m)))
 
@@ -52,16 +52,16 @@ def analytic_cost_ns(shape: Shape, num_splits: int, block_kv: int, profile: GpuP
 
     Split kernel: ``C = B*Hkv*m_blocks*S`` CTAs run in waves of ``slots = SMs * residency``
     (:func:`residency`: the fewer CTAs of the kernel's registers, rules.h, and of its shared
-    memory); full waves and the tail wave are timed apart (wave quantisation). A CTA walks ``ceil(blocks/S)`` KV blocks; alone on an SM
-    it streams one block in ``block_ns`` plus the block's bytes at ``cta_stream_mbps``. (The
-    constants were read off the H200 sweeps of the loop with CTA barriers, ~32 GB/s per CTA
-    at block_kv 64; refitting them to the current loop's 48-59 GB/s made the selection worse
-    on its own sweep, docs/NOTES.md, so they act as an effective rate.) CTAs on one SM share
-    that rate, all CTAs share the copy bandwidth, and a CTA takes the longer of
-    its streaming and its MMAs, plus a fixed per-CTA cost. Combine (``S > 1``): a second
-    launch, one memory latency, the workspace read and the output written at copy bandwidth
-    (x2.5 when the workspace fits in half the L2, where the split kernel just wrote it), and
-    a serial per-split merge term.
+    memory); full waves and the tail wave are timed apart (wave quantisation). A CTA walks
+    ``ceil(blocks/S)`` KV blocks; alone on an SM it streams one block in ``block_ns`` plus the
+    block's bytes at ``cta_stream_mbps``. (The constants were read off the H200 sweeps of the
+    loop with CTA barriers, ~32 GB/s per CTA at block_kv 64; refitting them to the current
+    loop's 48-59 GB/s made the selection worse on its own sweep, docs/NOTES.md, so they act as
+    an effective rate.) CTAs on one SM share that rate, all CTAs share the copy bandwidth, and
+    a CTA takes the longer of its streaming and its MMAs, plus a fixed per-CTA cost. Combine
+    (``S > 1``): a second launch, one memory latency, the workspace read and the output written
+    at copy bandwidth (x2.5 when the workspace fits in half the L2, where the split kernel just
+    wrote it), and a serial per-split merge term.
 
     >>> p = profile_for("h200")
     >>> s = Shape("bf16", 128, 1, 32, 8, 1, 16384)

@@ -129,3 +129,16 @@ def test_spread_shared_memory_holds_the_sm_to_that_many_ctas(per_sm, kernel_byte
     assert sm_bytes // (bytes_ + reserved) == per_sm
     # the least such size: one byte less lets another CTA in, unless it is the kernel's own
     assert bytes_ == kernel_bytes or sm_bytes // (bytes_ - 1 + reserved) == per_sm + 1
+
+
+def test_register_residency_covers_every_instantiation():
+    """The analytic model's residency (rules.h register_residency): each instantiation's count
+    from its registers (tests/test_build.py checks the counts against ptxas), at most what the
+    64K registers of an SM hold of 128-thread CTAs, and 2 a SM at the 255-register tiles."""
+    from splitkv_tune import codegen
+    for _, hd, bm, bkv in codegen.split_instances():
+        regs = _rules.split_kernel_registers(hd, bm, bkv)
+        assert 64 <= regs <= 255, (hd, bm, bkv)
+        assert _rules.register_residency(hd, bm, bkv) == 65536 // (-(-regs // 8) * 8 * 128)
+    assert [_rules.register_residency(128, 16, kv) for kv in (32, 64, 128)] == [4, 3, 2]
+    assert _rules.register_residency(64, 64, 128) == 2

@@ -72,8 +72,11 @@ SPLITKV_HOST_DEVICE constexpr int smem_bytes(int element_bytes, int head_dim, in
 // Registers per thread of the equal-length split kernel on sm_90 (ptxas of nvcc 13.0, the build's
 // flags; fp16 and bf16 alike), by head dim, query-tile height and block_kv: what the register
 // file lets an SM hold of it (register_residency) is the analytic model's residency besides
-// shared memory. tools/kernel_registers.py prints these counts from every instantiation, and
+// shared memory, on every GPU profile (sm_80 builds allocate differently; not measured).
+// tools/kernel_registers.py prints these counts from every instantiation, and
 // tests/test_build.py checks them against the ptxas report of the instantiations it compiles.
+// Arguments are those of an instantiation (codegen.split_instances): D = 256 at block_kv 128
+// (255, a placeholder) has none, as its shared memory fits no GPU.
 SPLITKV_HOST_DEVICE constexpr int split_kernel_registers(int head_dim, int block_m, int block_kv) {
   const int kv = block_kv == 32 ? 0 : block_kv == 64 ? 1 : 2;
   const int m = block_m == 16 ? 0 : 1;
@@ -84,15 +87,17 @@ SPLITKV_HOST_DEVICE constexpr int split_kernel_registers(int head_dim, int block
   return head_dim == 64 ? k64[m][kv] : head_dim == 96 ? k96[m][kv] : head_dim == 128 ? k128[m][kv] : k256[m][kv];
 }
 
+// CTAs of one kernel an SM holds, at most, on any GPU.
+inline constexpr int kMaxCtasPerSm = 32;
 inline constexpr int kRegistersPerSm = 65536;
 inline constexpr int kRegisterAllocationUnit = 8;  // registers per thread are allocated in steps of 8
 
-// CTAs of the equal-length split kernel that one SM's registers hold (at least 1).
+// CTAs of the equal-length split kernel that one SM's registers hold, in [1, kMaxCtasPerSm].
 SPLITKV_HOST_DEVICE constexpr int register_residency(int head_dim, int block_m, int block_kv) {
   const int regs = ceil_div(split_kernel_registers(head_dim, block_m, block_kv), kRegisterAllocationUnit) *
                    kRegisterAllocationUnit;
   const int ctas = kRegistersPerSm / (regs * kNumWarps * 32);
-  return ctas > 1 ? ctas : 1;
+  return ctas < 1 ? 1 : ctas > kMaxCtasPerSm ? kMaxCtasPerSm : ctas;
 }
 
 // One past the last key any row of query tile m_block may attend. Causal masks are aligned
@@ -171,7 +176,6 @@ inline constexpr int kMaxGridY = 65535;
 inline constexpr int kMaxLiveSms = 1 << 16;
 // The most CTAs a paged / variable-length launch's grid has (SMs x CTAs per SM, at most
 // kMaxCtasPerSm on any GPU); within it the load-aware plan's rate is a 32-bit division.
-inline constexpr int kMaxCtasPerSm = 32;
 inline constexpr int kMaxLiveCtas = kMaxLiveSms * kMaxCtasPerSm;
 
 // Whether the "auto" rules below take these counts.
