@@ -5,6 +5,7 @@ CPU test check that the committed files match what this writes.
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -26,6 +27,29 @@ def split_instances():
     """(dtype, head_dim, block_m, block_kv) of every split-kernel instantiation."""
     return [(dt, hd, bm, bkv) for dt in tunables.DTYPES for hd in tunables.HEAD_DIMS
             for bm in tunables.BLOCK_M for bkv in tunables.block_kvs_for(hd)]
+
+
+def split_file(dtype: str, head_dim: int, block_m: int, block_kv: int) -> str:
+    """The name of one split-kernel instantiation's .cu file."""
+    return f"split_{dtype}_hd{head_dim}_bm{block_m}_bkv{block_kv}.cu"
+
+
+def ptxas_per_kernel(ptxas_log: str, pattern: str) -> dict[str, int]:
+    r"""``pattern``'s number (its group 1) for each entry function of a ``ptxas -v`` log.
+
+    >>> log = "Compiling entry function 'k1' for 'sm_90'\nptxas info : Used 128 registers"
+    >>> ptxas_per_kernel(log, r"Used (\d+) registers")
+    {'k1': 128}
+    """
+    found, kernel = {}, None
+    for line in ptxas_log.splitlines():
+        entry = re.search(r"Compiling entry function '([^']+)'", line)
+        if entry:
+            kernel = entry.group(1)
+        number = re.search(pattern, line)
+        if number and kernel is not None:
+            found[kernel] = int(number.group(1))
+    return found
 
 
 def _block_kv_rule() -> str:
@@ -66,7 +90,7 @@ def header_text() -> str:
 def instantiation_files() -> dict[str, str]:
     files = {}
     for dt, hd, bm, bkv in split_instances():
-        files[f"split_{dt}_hd{hd}_bm{bm}_bkv{bkv}.cu"] = (
+        files[split_file(dt, hd, bm, bkv)] = (
             BANNER + '#include "splitkv/split_launch.h"\n\nnamespace splitkv {\n'
             f"template void run_split_kernel<{ELEMENT[dt]}, {hd}, {bm}, {bkv}>("
             "const SplitParams&, cudaStream_t, bool);\n"

@@ -218,14 +218,17 @@ def _describe(table: HeuristicTable, i: int) -> str:
     return f"#{i + 1} (B={k[3]} Hq={k[4]} Hkv={k[5]} Sq={k[6]} Sk={k[7]} -> S={c.num_splits})"
 
 
-def class_rows(table: HeuristicTable | None, shape: Shape) -> list:
-    """The rows of ``shape``'s class (dtype, head_dim, causal, query-tile height) that the
-    interpolation reads, as ``(index, coords, logC)``; none when the class has fewer than
-    ``NEIGHBOURS`` rows (the fallback's case)."""
-    if table is None:
-        return []
+def _class_of(table: HeuristicTable, shape: Shape) -> list:
+    """Every row of ``shape``'s class (dtype, head_dim, causal, query-tile height), as
+    ``(index, coords, logC)``."""
     key = (DTYPE_CODES[shape.dtype], shape.head_dim, int(shape.causal), block_m_for(shape.packed_rows))
-    rows = table.buckets.get(key, [])
+    return table.buckets.get(key, [])
+
+
+def class_rows(table: HeuristicTable | None, shape: Shape) -> list:
+    """The rows of ``shape``'s class that the interpolation reads; none when the class has
+    fewer than ``NEIGHBOURS`` rows (the fallback's case)."""
+    rows = _class_of(table, shape) if table is not None else []
     return rows if len(rows) >= NEIGHBOURS else []
 
 
@@ -286,8 +289,7 @@ def select_shape(table, shape: Shape, gpu=None, sms: int | None = None) -> Selec
         sel = _interpolate(table, shape, profile)
         if sel is not None:
             return sel
-        have = len(table.buckets.get((DTYPE_CODES[shape.dtype], shape.head_dim, int(shape.causal),
-                                      block_m_for(shape.packed_rows)), ()))
+        have = len(_class_of(table, shape))
         why = (f"{have} table row{'' if have == 1 else 's'} for {shape.dtype}/d{shape.head_dim}"
                f"/causal={int(shape.causal)}/block_m={block_m_for(shape.packed_rows)}, fewer than the "
                f"{NEIGHBOURS} it interpolates from")

@@ -31,7 +31,7 @@ def test_generated_files_match_tunables():
 def test_every_instantiation_is_generated():
     names = {p.name for p in codegen.INST_DIR.glob("*.cu")}
     for dt, hd, bm, bkv in codegen.split_instances():
-        assert f"split_{dt}_hd{hd}_bm{bm}_bkv{bkv}.cu" in names
+        assert codegen.split_file(dt, hd, bm, bkv) in names
     assert len(names) == len(codegen.split_instances()) + len(tunables.DTYPES) * len(tunables.HEAD_DIMS)
 
 
@@ -106,27 +106,14 @@ def test_kernel_templates_compile_for_sm90(nvcc_flags, tmp_path):
                 assert stored <= 8, f"{src.name}: {kernel} spills {stored} bytes:\n{proc.stderr[-2000:]}"
 
 
-def _per_kernel(ptxas_log: str, pattern: str) -> dict[str, int]:
-    """``pattern``'s number (its group 1) for each entry function of a ptxas -v log."""
-    found, kernel = {}, None
-    for line in ptxas_log.splitlines():
-        entry = re.search(r"Compiling entry function '([^']+)'", line)
-        if entry:
-            kernel = entry.group(1)
-        number = re.search(pattern, line)
-        if number and kernel is not None:
-            found[kernel] = int(number.group(1))
-    return found
-
-
 def _spills_by_kernel(ptxas_log: str) -> dict[str, int]:
     """Spill-store bytes of each entry function of a ptxas -v log."""
-    return _per_kernel(ptxas_log, r"(\d+) bytes spill stores")
+    return codegen.ptxas_per_kernel(ptxas_log, r"(\d+) bytes spill stores")
 
 
 def _registers_by_kernel(ptxas_log: str) -> dict[str, int]:
     """Registers per thread of each entry function of a ptxas -v log."""
-    return _per_kernel(ptxas_log, r"Used (\d+) registers")
+    return codegen.ptxas_per_kernel(ptxas_log, r"Used (\d+) registers")
 
 
 def _live_kernel_may_spill(stem: str) -> bool:

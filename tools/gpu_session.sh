@@ -65,11 +65,9 @@ use_prebuilt() {
 if [ "$(cat build/.inputs 2>/dev/null)" = "$build_inputs" ] && python3 -c "import splitkv_tune._C" 2>/dev/null; then
   echo "build: kept (this host built these inputs last)" | tee "$out/build.log"
 elif use_prebuilt; then
-  mkdir -p build && echo "$build_inputs" > build/.inputs
   echo "build: the carried $prebuilt (built from these inputs)" | tee "$out/build.log"
 else
   python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; cp "$out/build.log" "$dest/"; exit 1; }
-  mkdir -p build && echo "$build_inputs" > build/.inputs
   # Returned when it fits the device's 16-MiB file limit; carry it as .prebuilt/ next time.
   packed=$(mktemp -d)  # beside $out, whose files all go into session.tgz
   echo "$build_inputs" > "$packed/inputs"
@@ -78,6 +76,7 @@ else
     && [ "$(stat -c %s "$packed/extension.tar.xz")" -le $((16 << 20)) ] && cp "$packed/extension.tar.xz" "$dest/" \
     || echo "build: the extension is not returned (over 16 MiB compressed, or not packed)" | tee -a "$out/build.log"
 fi
+mkdir -p build && echo "$build_inputs" > build/.inputs
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/nvidia-smi.txt"
 flag=${GPU:-h200}
 gpu=$(python3 -c "from splitkv_tune.gpus import resolve_gpu; print(resolve_gpu('$flag'))")

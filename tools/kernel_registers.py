@@ -8,7 +8,6 @@ equal-length column into rules.h. About 35 s an instantiation on this 2-core box
 """
 import argparse
 import concurrent.futures
-import re
 import subprocess
 from pathlib import Path
 
@@ -27,15 +26,8 @@ def registers(src: Path) -> dict[str, int]:
     """{"equal": n, "live": n} registers of the two split kernels of one instantiation."""
     proc = subprocess.run(FLAGS + ["-c", str(src), "-o", "/dev/null"], capture_output=True, text=True,
                           check=True)
-    found, kernel = {}, None
-    for line in proc.stderr.splitlines():
-        entry = re.search(r"Compiling entry function '([^']+)'", line)
-        if entry:
-            kernel = "live" if "split_kv_live_kernel" in entry.group(1) else "equal"
-        used = re.search(r"Used (\d+) registers", line)
-        if used and kernel is not None:
-            found[kernel] = int(used.group(1))
-    return found
+    found = codegen.ptxas_per_kernel(proc.stderr, r"Used (\d+) registers")
+    return {("live" if "split_kv_live_kernel" in kernel else "equal"): n for kernel, n in found.items()}
 
 
 def main() -> None:
@@ -45,7 +37,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
     instances = [i for i in codegen.split_instances() if i[0] in (args.dtype or ["bf16", "fp16"])]
-    sources = [codegen.INST_DIR / f"split_{dt}_hd{hd}_bm{bm}_bkv{bkv}.cu" for dt, hd, bm, bkv in instances]
+    sources = [codegen.INST_DIR / codegen.split_file(*instance) for instance in instances]
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         counts = list(pool.map(registers, sources))
     print("dtype head_dim block_m block_kv  equal  live  rules.h  CTAs a SM by registers")
