@@ -52,6 +52,21 @@ def _gpu_name(gpu: str | None, frame=None) -> str | None:
     return None
 
 
+def _present_gpu(gpu: str, backend: str, force: bool) -> str:
+    """The GPU a measuring command's timings are labelled with: the CUDA device present (exits
+    when ``--gpu`` names another one and ``--force`` was not given, since its timings would read
+    as that GPU's), or ``--gpu`` itself on the reference backend, which stands in for it."""
+    from splitkv_tune import sweep as sweep_mod
+    if backend == "reference":
+        return resolve_gpu(_gpu_name(gpu) or sweep_mod.REFERENCE_BACKEND_DEVICE)
+    present = sweep_mod.present_device_name(backend)
+    wanted = present if gpu == "auto" else resolve_gpu(gpu)
+    if wanted != present and not force:
+        _fail(f"--gpu names {wanted!r} but the device present is {present!r}; pass --force to time "
+              f"{wanted!r}'s table here anyway (its timings are labelled {present!r})")
+    return present
+
+
 def _load_table(table: str | None, gpu: str | None):
     """(HeuristicTable or None, description of where it came from)."""
     if table is not None:
@@ -265,9 +280,11 @@ def _write_reports(df, out_csv, out_md, header: str) -> None:
 @click.option("--out-md", type=click.Path(dir_okay=False), default=None)
 @click.option("--out-trials", type=click.Path(dir_okay=False), default=None,
               help="measured: every timed config as a trials.csv, for --from-trials --table later")
+@click.option("--force", is_flag=True,
+              help="measured: use --gpu's table on another GPU (timings are labelled with the GPU present)")
 @shape_options
 @_exit_2_on_bad_input
-def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_md, out_trials, **shape_kw):
+def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_md, out_trials, force, **shape_kw):
     """Regret (time / best - 1) of the selector, the FA2, FA3 and SGLang rules and S=1 per shape.
 
     With --from-trials: every measured shape is held out of the table and selected from the
@@ -305,23 +322,26 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
         return
     from splitkv_tune.bench import backend_problem
     shapes, search_space, timing = _measurement_plan(shapes_file, shape_kw, max_time_s)
-    gpu = _gpu_name(gpu)
-    loaded, where = _load_table(table, gpu)
     problem = backend_problem(backend)
     if problem:
         _fail(problem)
+    measured_on = _present_gpu(gpu, backend, force)
+    gpu = _gpu_name(gpu)
+    loaded, where = _load_table(table, gpu)
     import pandas as pd
 
     from splitkv_tune import meta
     timed = [] if out_trials else None
     run_id = meta.make_run_id()
-    rows = [evaluation.measure_shape(s, gpu, {"backend": backend, **timing}, loaded, search_space, timed, run_id)
+    rows = [evaluation.measure_shape(s, gpu, {"backend": backend, **timing}, loaded, search_space, timed, run_id,
+                                     measured_on=measured_on)
             for s in shapes]
     if out_trials:
         from splitkv_tune.table import atomic_write_csv
         atomic_write_csv(Path(out_trials), pd.DataFrame(timed))
     _write_reports(pd.DataFrame(rows), out_csv, out_md,
-                   f"# Selector regret measured on {resolve_gpu(gpu)} (table: {where})\n")
+                   f"# Selector regret measured on {measured_on} (table: {where}, "
+                   f"rows of {resolve_gpu(gpu)})\n")
 
 
 @click.command()

@@ -193,7 +193,8 @@ def markdown_report(results: pd.DataFrame) -> str:
 def markdown_table(results: pd.DataFrame, column: str = "median_us") -> str:
     """Wide markdown: µs per implementation (graph-replay medians, or ``column``), ours as % of
     copy bandwidth, speedup vs the best peer (best peer µs / ours µs) and its geometric mean.
-    Implementations named ``ours*`` are our own launch variants, never the best peer.
+    Implementations named ``ours*`` are our own launch variants, never the best peer. Host time
+    (``host_us``) moves no bytes: its table has no floor and no copy-bandwidth column.
 
     >>> r = pd.DataFrame([
     ...   dict(dtype="bf16", head_dim=128, causal=0, batch=1, q_heads=32, kv_heads=8, q_len=1,
@@ -204,8 +205,9 @@ def markdown_table(results: pd.DataFrame, column: str = "median_us") -> str:
     """
     impls = list(dict.fromkeys(results["impl"]))
     peers = [i for i in impls if not i.startswith("ours")]
-    head = ["B", "Hq", "Hkv", "Sq", "Sk", "D", "dtype", "causal", "floor µs"] \
-        + [f"{i} µs" for i in impls] + ["ours % copy bw", "speedup vs best peer"]
+    with_floor = column != "host_us"
+    head = ["B", "Hq", "Hkv", "Sq", "Sk", "D", "dtype", "causal"] + ["floor µs"] * with_floor \
+        + [f"{i} µs" for i in impls] + ["ours % copy bw"] * with_floor + ["speedup vs best peer"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     speedups = []
     keys = ["batch", "q_heads", "kv_heads", "q_len", "kv_len", "head_dim", "dtype", "causal"]
@@ -224,10 +226,10 @@ def markdown_table(results: pd.DataFrame, column: str = "median_us") -> str:
             frac = by_impl["ours"]["frac_copy_bw"]
         else:
             frac = by_impl["ours"]["floor_us"] / ours
-        cells = [str(k) for k in key] + [f"{float(group['floor_us'].iloc[0]):.1f}"]
+        cells = [str(k) for k in key] + [f"{float(group['floor_us'].iloc[0]):.1f}"] * with_floor
         cells += [_fmt_us(us[i]) for i in impls]
-        cells += [f"{100 * frac:.1f}%" if math.isfinite(ours) else "-",
-                  f"{speed:.2f}x" if speed is not None else "-"]
+        cells += [f"{100 * frac:.1f}%" if math.isfinite(ours) else "-"] * with_floor
+        cells += [f"{speed:.2f}x" if speed is not None else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     if speedups:
         geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))

@@ -147,10 +147,11 @@ def trial_row(shape: Shape, cfg: Config, timing, gpu: str, run_id: str) -> dict:
 
 def measure_shape(shape: Shape, gpu: str, bench_kwargs: dict, table,
                   search_space: space.SearchSpace = space.SearchSpace(),
-                  trial_rows: list | None = None, run_id: str = "") -> dict:
+                  trial_rows: list | None = None, run_id: str = "", measured_on: str | None = None) -> dict:
     """Time the selected config, the baselines' (FA2, FA3, SGLang), S=1 and every config of
     ``search_space``; each timed config is appended to ``trial_rows`` (when given) as a
-    ``trials.csv`` row of run ``run_id``, so that the shapes can be replayed against other
+    ``trials.csv`` row of run ``run_id`` and GPU ``measured_on`` (default ``gpu``, whose table
+    and profile are used), so that the shapes can be replayed against other
     tables without a GPU (:func:`evaluate_trials` with ``table``).
 
     ``bench_kwargs`` go to :class:`bench.ShapeBench` (``backend="reference"`` runs on the CPU).
@@ -168,7 +169,7 @@ def measure_shape(shape: Shape, gpu: str, bench_kwargs: dict, table,
         timing = bench.measure(cfg)
         times[cfg] = timing.median_us if timing.status == "ok" else float("nan")
         if trial_rows is not None:
-            trial_rows.append(trial_row(shape, cfg, timing, gpu, run_id))
+            trial_rows.append(trial_row(shape, cfg, timing, measured_on or gpu, run_id))
     good = {c: t for c, t in times.items() if t == t}
     if not good:
         raise RuntimeError(f"every config failed on {space.shape_key(shape)}")

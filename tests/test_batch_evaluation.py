@@ -232,6 +232,20 @@ def test_the_command_reports_from_the_rows(tmp_path):
     assert result.exit_code == 2 and "has no timed rows of any batch" in result.output, result.output
 
 
+def test_timing_on_another_gpu_than_the_tables_is_refused(tmp_path, monkeypatch):
+    """Rows timed here are labelled with --gpu: an H100 timing an H200 table would read as H200 data."""
+    from splitkv_tune import cli_batch, sweep
+    grid_path = tmp_path / "grid.yaml"
+    grid_path.write_text(yaml.safe_dump(GRID))
+    table_path = bt.write_batch_table(tmp_path / "table.csv", TABLE)
+    monkeypatch.setattr(cli_batch, "_check_cuda", lambda: None)
+    monkeypatch.setattr(sweep, "present_device_name", lambda backend: "nvidia_h100")
+    result = CliRunner().invoke(main, ["evaluate-batches", "--grid", str(grid_path), "--batch-table", str(table_path),
+                                       "--gpu", "h200", "--csv", str(tmp_path / "rows.csv")])
+    assert result.exit_code == 2 and "--gpu" in result.output and "nvidia_h100" in result.output, result.output
+    assert not (tmp_path / "rows.csv").exists()
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--batch-table", "missing.csv"], "missing.csv"),
     (["--gpu", "my-gpu"], "--num-sms"),

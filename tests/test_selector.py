@@ -206,6 +206,32 @@ def test_evaluate_times_every_rule_on_the_reference_backend(tmp_path):
     assert "geometric-mean regret" in result.output
 
 
+def test_evaluate_refuses_to_time_one_gpu_as_another(tmp_path, monkeypatch):
+    """Timings on the GPU present are labelled with it: --gpu naming another GPU ends with exit
+    2 and a line naming both, unless --force says the other GPU's table is wanted."""
+    from click.testing import CliRunner
+
+    from splitkv_tune import bench, sweep
+    from splitkv_tune.cli_tables import evaluate
+    monkeypatch.setattr(bench, "backend_problem", lambda backend: None)
+    monkeypatch.setattr(sweep, "present_device_name", lambda backend: "nvidia_h100")
+    labels = []
+
+    def fake_measure(shape, gpu, bench_kwargs, table, search_space, trial_rows, run_id, measured_on=None):
+        labels.append((gpu, measured_on))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(evaluation, "measure_shape", fake_measure)
+    argv = ["--gpu", "h200", "--shapes-file", str(_tiny_grid(tmp_path, "[1]", max_time_s=0.0)),
+            "--table", str(HEURISTICS)]
+    refused = CliRunner().invoke(evaluate, argv)
+    assert refused.exit_code == 2 and not labels
+    assert "nvidia_h200" in refused.output and "nvidia_h100" in refused.output and "--force" in refused.output
+    forced = CliRunner().invoke(evaluate, [*argv, "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert [measured for _, measured in labels] == ["nvidia_h100"]
+
+
 def test_evaluate_keeps_its_timings_for_a_replay_against_another_table(tmp_path):
     """--out-trials writes every timed config as a valid trials.csv; --from-trials with --table
     replays the selector of that table on those shapes without timing anything, and the
@@ -245,7 +271,7 @@ def test_evaluate_takes_the_grid_timing_unless_overridden(tmp_path, monkeypatch)
     grid = _tiny_grid(tmp_path, "[1, 2]", max_time_s=0.01)
     seen = []
 
-    def fake_measure(shape, gpu, bench_kwargs, table, search_space, trial_rows, run_id):
+    def fake_measure(shape, gpu, bench_kwargs, table, search_space, trial_rows, run_id, measured_on=None):
         seen.append((bench_kwargs, search_space.num_splits))
         return {c: getattr(shape, c) for c in ("dtype", "head_dim", "batch", "q_heads",
                                                "kv_heads", "q_len", "kv_len")} | {

@@ -369,6 +369,11 @@ def test_compare_markdown_never_takes_our_variant_for_the_best_peer():
                                                 ("sdpa_flash", 20.0))]
     line = compare.markdown_table(pd.DataFrame(rows)).splitlines()[2]
     assert line.endswith("| 10.0 | 11.0 | 20.0 | 50.0% | 2.00x |")
+    # Host time moves no bytes: no floor, no copy-bandwidth share.
+    host = pd.DataFrame(rows).assign(host_us=[5.0, 6.0, 25.0])
+    head, _, line = compare.markdown_table(host, "host_us").splitlines()[:3]
+    assert "floor" not in head and "copy bw" not in head
+    assert line == "| 1 | 32 | 8 | 1 | 4096 | 128 | bf16 | 0 | 5.0 | 6.0 | 25.0 | 5.00x |"
 
 
 def test_resolve_merge():

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Build, test and measure on a GPU host in one go; logs and results go under $OUT (or ./gpu-out).
-# Usage: [GPU=h100] tools/gpu_session.sh MODE...   (GPU defaults to h200; modes run in order)
+# Usage: [GPU=h200] tools/gpu_session.sh MODE...   (GPU defaults to the one present; modes run in order)
 # test: GPU tests (~1 min); head-dims: sweep and compare of the D = 96/256 shapes (~4 min);
 # host-tuned: host cost with every tunable given (~30 s); host-floor: the host path piece by piece
 # beside the bare CUDA launch (~1 min); eager: host cost and eager loops of the default call vs
@@ -26,7 +26,7 @@
 # options (e.g. --plan 4:64 --peers sdpa_cudnn). The build
 # takes ~2.5 min first (wheels installed, two split kernels per instantiation).
 # Offline hosts: carry the wheels of gpu-wheelhouse.sh in .whl/ (installed to /tmp/site first),
-# and .prebuilt/ (the extension a build returned as $OUT/extension.tar.xz) to skip the build.
+# and .prebuilt/ (the extension a build returned as $OUT/extension.tar.xz.N) to skip the build.
 # Logs are written to a scratch folder and, after every step, packed with results/<gpu> into
 # one file, $OUT/session.tgz (default ./gpu-out): the GPU host returns only a few files per call.
 set -uo pipefail
@@ -48,37 +48,45 @@ export SPLITKV_GIT_SHA=${SPLITKV_GIT_SHA:-$(cat .git-sha 2>/dev/null)} PYTHONUNB
 # this host last built and the extension imports.
 build_inputs=$( { echo "$SPLITKV_CUDA_ARCHS"; python3 -c "import sys, torch; print(sys.version_info[:2], torch.__version__)";
                   nvcc --version | tail -1; c++ --version | head -1; find CMakeLists.txt pyproject.toml kernels -type f | LC_ALL=C sort | xargs sha256sum; } | sha256sum | cut -d' ' -f1)
-# A fresh host has no build; a call that carries .prebuilt/extension.tar.xz (what an earlier call
-# built from the same inputs, returned as $OUT/extension.tar.xz) installs the package without
-# CUDA (~20 s) and drops that extension beside it instead of compiling the kernels (~2.5 min).
+# A fresh host has no build; a call that carries .prebuilt/extension.tar.xz.N (what an earlier call
+# built from the same inputs, returned in 15-MiB parts: the device returns files of 16 MiB at most)
+# installs the package without CUDA (~20 s) and drops that extension beside it instead of
+# compiling the kernels (~2.5 min).
 package_dir() { python3 -c "import os, splitkv_tune._rules as r; print(os.path.dirname(r.__file__))"; }
 prebuilt=.prebuilt/extension.tar.xz
 # use_prebuilt: installs the carried extension; says why not (into prebuilt.log) when it cannot.
 use_prebuilt() {
-  [ -f "$prebuilt" ] || return 1
-  [ "$(tar -xJOf "$prebuilt" inputs 2>/dev/null)" = "$build_inputs" ] \
-    || { echo "build: the carried $prebuilt was built from other inputs" | tee "$out/prebuilt.log"; return 1; }
+  compgen -G "$prebuilt.[0-9]" >/dev/null || return 1
+  local joined; joined=$(mktemp)
+  cat "$prebuilt".[0-9] >"$joined"  # one-digit parts: the glob's order is theirs
+  [ "$(tar -xJOf "$joined" inputs 2>/dev/null)" = "$build_inputs" ] \
+    || { echo "build: the carried $prebuilt.* was built from other inputs" | tee "$out/prebuilt.log"; return 1; }
   { SPLITKV_BUILD_CUDA=0 python3 -m pip install --no-build-isolation --no-deps -e . \
-      && tar -xJf "$prebuilt" -C "$(package_dir)" --exclude inputs && python3 -c "import splitkv_tune._C"; } \
-    >"$out/prebuilt.log" 2>&1 || { echo "build: the carried $prebuilt did not install (prebuilt.log)"; return 1; }
+      && tar -xJf "$joined" -C "$(package_dir)" --exclude inputs && python3 -c "import torch, splitkv_tune._C"; } \
+    >"$out/prebuilt.log" 2>&1 || { echo "build: the carried $prebuilt.* did not install (prebuilt.log)"; return 1; }
 }
-if [ "$(cat build/.inputs 2>/dev/null)" = "$build_inputs" ] && python3 -c "import splitkv_tune._C" 2>/dev/null; then
+if [ "$(cat build/.inputs 2>/dev/null)" = "$build_inputs" ] && python3 -c "import torch, splitkv_tune._C" 2>/dev/null; then
   echo "build: kept (this host built these inputs last)" | tee "$out/build.log"
 elif use_prebuilt; then
   echo "build: the carried $prebuilt (built from these inputs)" | tee "$out/build.log"
 else
   python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; cp "$out/build.log" "$dest/"; exit 1; }
-  # Returned when it fits the device's 16-MiB file limit; carry it as .prebuilt/ next time.
+  # Returned in 15-MiB parts (at most 3: the device returns 8 files, session.tgz among them);
+  # carry them as .prebuilt/ next time.
   packed=$(mktemp -d)  # beside $out, whose files all go into session.tgz
   echo "$build_inputs" > "$packed/inputs"
-  ext=$(python3 -c "import os, splitkv_tune._C as c; print(os.path.basename(c.__file__))")
+  ext=$(python3 -c "import os, torch, splitkv_tune._C as c; print(os.path.basename(c.__file__))")
   XZ_OPT=-T0 tar -cJf "$packed/extension.tar.xz" -C "$(package_dir)" "$ext" -C "$packed" inputs \
-    && [ "$(stat -c %s "$packed/extension.tar.xz")" -le $((16 << 20)) ] && cp "$packed/extension.tar.xz" "$dest/" \
-    || echo "build: the extension is not returned (over 16 MiB compressed, or not packed)" | tee -a "$out/build.log"
+    && [ "$(stat -c %s "$packed/extension.tar.xz")" -le $((45 << 20)) ] \
+    && split -b 15M -d -a 1 "$packed/extension.tar.xz" "$dest/extension.tar.xz." \
+    && echo "build: the extension returned as $(ls "$dest"/extension.tar.xz.* | wc -l) part(s), $(du -h "$packed/extension.tar.xz" | cut -f1)" | tee -a "$out/build.log" \
+    || echo "build: the extension is not returned (over 45 MiB compressed, or not packed)" | tee -a "$out/build.log"
 fi
 mkdir -p build && echo "$build_inputs" > build/.inputs
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$out/nvidia-smi.txt"
-flag=${GPU:-h200}
+# Results go under the GPU present (a lent "h200" may be an H100); GPU=... names one explicitly, and
+# the measuring commands refuse it when it is not the device present.
+flag=${GPU:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)}
 gpu=$(python3 -c "from splitkv_tune.gpus import resolve_gpu; print(resolve_gpu('$flag'))")
 # SM clock, memory clock and power every 0.5 s while this runs: per-CTA stream rates follow the SM clock.
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 500 >"$out/clocks.csv" 2>&1 &
