@@ -268,8 +268,9 @@ def _write_reports(df, out_csv, out_md, header: str) -> None:
 @click.command()
 @click.option("--gpu", default="auto", show_default=True, help=GPU_HELP)
 @click.option("--table", type=click.Path(dir_okay=False), default=None, help="heuristics.csv")
-@click.option("--from-trials", "trials", type=click.Path(dir_okay=False), default=None,
-              help="offline: leave-one-out regret against this trials.csv (no GPU)")
+@click.option("--from-trials", "trials", type=click.Path(dir_okay=False), multiple=True,
+              help="offline: leave-one-out regret against this trials.csv (no GPU); repeat it for "
+                   "the parts of one measurement set, as `table` takes them")
 @click.option("--shapes-file", "shapes_file", type=click.Path(dir_okay=False), default=None,
               help="shapes to measure: a CSV with the shape columns or a grid YAML")
 @click.option("--max-time-s", type=float, default=None,
@@ -298,10 +299,12 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
     check_output(out_csv, "--out-csv")
     check_output(out_md, "--out-md")
     check_output(out_trials, "--out-trials")
-    if trials is not None:
+    if trials:
         if out_trials:
             _fail("--out-trials writes the configs a measured evaluate times; --from-trials times none")
-        trial_rows = read_trials(trials)
+        import pandas as pd
+        trial_rows = pd.concat([read_trials(path) for path in trials], ignore_index=True)
+        trials = " + ".join(trials)
         gpu = _gpu_name(gpu, trial_rows)
         if gpu is None:
             _fail(f"{trials} holds trials of several GPUs: name one with --gpu")

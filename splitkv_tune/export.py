@@ -26,7 +26,9 @@ import pandas as pd
 
 from splitkv_tune import __version__, tunables
 from splitkv_tune.gpus import device_names as profile_device_names
-from splitkv_tune.selector import NEIGHBOURS, Q, SK_DROP_BITS, HeuristicTable
+from splitkv_tune.analytic import residency
+from splitkv_tune.gpus import GpuProfile
+from splitkv_tune.selector import NEIGHBOURS, Q, SK_DROP_BITS, WAVE_ROUNDING_FROM, HeuristicTable, _profiles
 from splitkv_tune.table_schema import (HEURISTICS_COLUMNS, NAME_RE, SCHEMA_VERSION, SHAPE_COLUMNS,
                                        TableError, keep_gpu, read_heuristics, validate_heuristics)
 
@@ -76,7 +78,7 @@ def json_name(device: str, dtype: str, head_dim: int) -> str:
 
 
 def _plain(value):
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return None
     if isinstance(value, str):
         return _safe(value)
@@ -85,12 +87,16 @@ def _plain(value):
     return value
 
 
-def lookup_constants() -> dict:
+def lookup_constants(profile: GpuProfile, head_dim: int) -> dict:
     """The constants of the selector's rule a reader of the JSON needs (README: "How the
-    selector decides")."""
+    selector decides"), for one GPU profile and head dim."""
+    tiles = sorted({tunables.block_m_for(16), tunables.block_m_for(17)})
     return {"neighbours": NEIGHBOURS, "log2_fraction_bits": Q, "sk_drop_bits": SK_DROP_BITS,
             "max_splits": tunables.MAX_SPLITS, "block_kv": list(tunables.BLOCK_KV),
-            "block_m": {"rows_le_16": tunables.block_m_for(16), "otherwise": tunables.block_m_for(17)}}
+            "block_m": {"rows_le_16": tunables.block_m_for(16), "otherwise": tunables.block_m_for(17)},
+            "wave_rounding_from": WAVE_ROUNDING_FROM,
+            "wave_slots": {str(bm): {str(b): profile.sms * residency(head_dim, b, bm, profile)
+                                     for b in tunables.BLOCK_KV} for bm in tiles}}
 
 
 def export_json(df: pd.DataFrame, out_dir, gpu: str | None = None, source="<table>") -> list[Path]:
@@ -100,6 +106,7 @@ def export_json(df: pd.DataFrame, out_dir, gpu: str | None = None, source="<tabl
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     names = device_names(table.gpu)
+    fallback = _profiles(None, table)[1]  # the profile the selector's waves use
     paths = []
     for (dtype, head_dim), part in table.frame.groupby(["dtype", "head_dim"], sort=True):
         entries = {}
@@ -113,7 +120,7 @@ def export_json(df: pd.DataFrame, out_dir, gpu: str | None = None, source="<tabl
                     "run_ids": [_safe(r) for r in sorted(set(part["run_id"]))],
                     "tool": "splitkv-tune", "tool_version": _safe(__version__),
                     "key_format": ",".join(f"{c}={{{c}}}" for c in KEY_COLUMNS),
-                    "lookup": lookup_constants()}
+                    "lookup": lookup_constants(fallback, int(head_dim))}
             path = out_dir / json_name(name, dtype, head_dim)
             path.write_text(json.dumps({"_metadata": meta, **entries}, indent=1,
                                        allow_nan=False) + "\n")

@@ -17,7 +17,7 @@ from splitkv_tune.analytic import MODEL, CostModel
 from splitkv_tune.export import _safe
 from splitkv_tune.gpus import aliases_of, normalize_gpu_name
 from splitkv_tune.paths import kernel_include_dir
-from splitkv_tune.selector import NEIGHBOURS, Q, SK_DROP_BITS, HeuristicTable, _profiles, log2_q16, sk_coord
+from splitkv_tune.selector import NEIGHBOURS, Q, SK_DROP_BITS, WAVE_ROUNDING_FROM, HeuristicTable, _profiles, log2_q16
 from splitkv_tune.table_schema import MAX_DIM, SCHEMA_VERSION, TableError
 
 # The header's C++ text, with @NAME@ placeholders that _fill replaces.
@@ -75,19 +75,23 @@ def _render_namespace(table: HeuristicTable, model: CostModel) -> str:
     rows = []
     pol = tunables.policy_codes()
     for idx, (key, cfg) in enumerate(table.rows):
-        d, hd, causal, b, hq, hkv, sq, sk = key
-        rows_all = sq * (hq // hkv)
-        bm = tunables.block_m_for(rows_all)
-        w = b * hkv * tunables.ceil_div(rows_all, bm)
-        vals = [d, hd, causal, b, hq, hkv, sq, sk]
         _safe(cfg.split_policy)
         conf = f"{{{cfg.num_splits}, {cfg.block_kv}, {cfg.reduce_threads}, {pol[cfg.split_policy]}}}"
-        derived = [bm, log2_q16(b * hkv), sk_coord(sk), log2_q16(rows_all),
-                   log2_q16(cfg.num_splits * w)]
-        rows.append("  {" + ", ".join(str(int(v)) for v in vals) + f", {conf}, "
-                    + ", ".join(str(int(v)) for v in derived) + f"}},  // #{idx + 1}")
+        votes = ["{" + ", ".join(str(-1 if v is None else int(v[part])) for v in table.votes[idx]) + "}"
+                 for part in (0, 1)]
+        rows.append("  {" + ", ".join(str(int(v)) for v in key) + f", {conf}, " + ", ".join(votes)
+                    + f"}},  // #{idx + 1}")
+    classes, class_rows, class_coords = [], [], []
+    for (dcode, hd, causal, bm), members in sorted(table.buckets.items()):
+        begin = len(class_rows)
+        for i, coords in sorted(members):
+            class_rows.append(str(i))
+            class_coords.append("  {" + ", ".join(str(int(v)) for v in coords) + "},")
+        classes.append("{" + ", ".join(map(str, (dcode, hd, causal, bm, begin, len(class_rows)))) + "}")
     names = sorted({normalize_gpu_name(gpu), *aliases_of(gpu)})
     subs = {
+        "NCLASSROWS": str(len(classes)), "CLASSRANGES": ", ".join(classes),
+        "CLASSROWS": ", ".join(class_rows), "CLASSCOORDS": "\n".join(class_coords),
         "GPU": gpu, "NS": "gpu_" + normalize_gpu_name(gpu), "K": str(NEIGHBOURS),
         "DEVICE_NAMES": ", ".join(f'"{_safe(n)}"' for n in names),
         "NROWS": str(len(rows)), "ROWS": "\n".join(rows), "SCHEMA": str(SCHEMA_VERSION),
@@ -102,6 +106,7 @@ def _render_namespace(table: HeuristicTable, model: CostModel) -> str:
         "SKDROP": str(SK_DROP_BITS),
         "BUCKETS": ", ".join(map(str, _bucket_mantissas())),
         "LOGSPLITS": "0, " + ", ".join(str(log2_q16(s)) for s in range(1, tunables.MAX_SPLITS + 1)),
+        "WAVEROUND": str(WAVE_ROUNDING_FROM),
         "MAXDIM": str(MAX_DIM),
         "HEADDIM_CHECK": " && ".join(f"head_dim != {h}" for h in tunables.HEAD_DIMS),
     }

@@ -18,8 +18,9 @@ import math
 
 from splitkv_tune import tunables
 from splitkv_tune.analytic import analytic_configs
-from splitkv_tune.selector import (DTYPE_CODES, NEIGHBOURS, Q, SK_DROP_BITS, HeuristicTable, _finalize,
-                                   _work, check_domain, class_rows, log2_q16, profiles_for, sk_coord)
+from splitkv_tune.selector import (DTYPE_CODES, NEIGHBOURS, Q, SK_DROP_BITS, WAVE_ROUNDING_FROM, HeuristicTable,
+                                   _finalize, _work, check_domain, class_rows, fits_block_kv, log2_q16,
+                                   profiles_for, sk_coord, wave_slots)
 from splitkv_tune.table_schema import MAX_DIM
 from splitkv_tune.tunables import Config, Shape, ceil_div
 
@@ -47,24 +48,90 @@ def _split_logs():
     return np.array([log2_q16(s) for s in range(1, tunables.MAX_SPLITS + 1)], dtype=np.int64)
 
 
-def _interpolated_splits(cands, shape: Shape, coords):
-    """Per bucket coordinate: (nearest row index, whether it is at distance 0, interpolated S
-    before the cap), as ``selector._interpolate`` computes them."""
+def log2_q16_array(x):
+    """``selector.log2_q16`` of each element of an int64 array (elements in ``[1, 2**52]``)."""
+    import numpy as np
+    x = np.asarray(x, dtype=np.int64)
+    n = np.frexp(x.astype(np.float64))[1].astype(np.int64) - 1  # exact below 2**53
+    y = np.where(n <= 30, x << np.maximum(30 - n, 0), x >> np.maximum(n - 30, 0))
+    r = n << Q
+    for i in range(Q - 1, -1, -1):
+        y = (y * y) >> 30
+        bit = y >= 1 << 31
+        y = np.where(bit, y >> 1, y)
+        r = r | (bit.astype(np.int64) << i)
+    return r
+
+
+def nearest_counts(target):
+    """``selector.nearest_count`` of each element of an int64 array."""
+    import numpy as np
+    target = np.asarray(target, dtype=np.int64)
+    e = np.clip(target >> Q, 0, 40)
+    lo, hi = np.int64(1) << e, (np.int64(1) << (e + 1)) - 1
+    for _ in range(int(e.max(initial=0)) + 1):  # [2^e, 2^(e+1)) takes e + 1 halvings
+        mid = (lo + hi + 1) // 2
+        up = (lo < hi) & (log2_q16_array(mid) <= target)
+        lo, hi = np.where(up, mid, lo), np.where((lo < hi) & ~up, mid - 1, hi)
+    nxt = np.minimum(lo + 1, np.int64(1) << 41)
+    above = (lo < np.int64(1) << 40) & (log2_q16_array(nxt) - target < target - log2_q16_array(lo))
+    return np.where(target <= 0, 1, np.where(above, lo + 1, lo))
+
+
+def _interpolated_configs(table: HeuristicTable, cands, shape: Shape, coords, profile, fallback):
+    """Per bucket coordinate: (nearest row index, whether it is at distance 0, block_kv index,
+    S before the cap), as ``selector._interpolate`` computes them."""
     import numpy as np
     _, w, (x0, _, x2) = _work(shape)
-    index = np.array([i for i, _, _ in cands], dtype=np.int64)
-    fixed = np.array([abs(x0 - c[0]) + abs(x2 - c[2]) for _, c, _ in cands], dtype=np.int64)
-    row_sk = np.array([c[1] for _, c, _ in cands], dtype=np.int64)
-    log_ctas = np.array([lc for _, _, lc in cands], dtype=np.int64)
-    dist = fixed[None, :] + np.abs(np.asarray(coords, dtype=np.int64)[:, None] - row_sk[None, :])
-    # Stable: equal distances keep canonical row order, the selector's tie rule.
-    near = np.argsort(dist, axis=1, kind="stable")[:, :NEIGHBOURS]
-    d = np.take_along_axis(dist, near, axis=1)
+    index = np.array([i for i, _ in cands], dtype=np.int64)
+    fixed = np.array([abs(x0 - c[0]) + abs(x2 - c[2]) for _, c in cands], dtype=np.int64)
+    row_sk = np.array([c[1] for _, c in cands], dtype=np.int64)
+    coords = np.asarray(coords, dtype=np.int64)
+    column = np.arange(len(cands), dtype=np.int64)
+    k = min(NEIGHBOURS, len(cands))
+
+    def nearest(dist):
+        """The K least columns of each row of ``dist`` in order, equal distances in canonical
+        row order (the selector's tie rule): one key of distance, then column, partitioned."""
+        key = dist * len(cands) + column
+        part = np.argpartition(key, k - 1, axis=-1)[..., :k]
+        return np.take_along_axis(part, np.argsort(np.take_along_axis(key, part, axis=-1), axis=-1), axis=-1)
+
+    # Outside the rows' Sk range every distance moves by the same amount from bucket to
+    # bucket, so the neighbours stay those of the range's edge: only buckets inside it rank.
+    below, above = coords <= row_sk.min(), coords >= row_sk.max()
+    inside = ~(below | above)
+    near = np.empty((len(coords), k), dtype=np.int64)
+    near[below] = nearest(fixed + row_sk)
+    near[above] = nearest(fixed - row_sk)
+    near[inside] = nearest(fixed[None, :] + np.abs(coords[inside, None] - row_sk[None, :]))
+    d = fixed[near] + np.abs(coords[:, None] - row_sk[near])
     weights = (1 << 32) // np.maximum(d, 1)
-    target = (weights * log_ctas[near]).sum(axis=1) // weights.sum(axis=1) - log2_q16(w)
-    # log2_q16 rises with S, so the nearest S in [1, cap] is min(nearest S in [1, 128], cap).
-    splits = np.abs(_split_logs()[None, :] - target[:, None]).argmin(axis=1) + 1
-    return index[near[:, 0]], d[:, 0] == 0, splits
+    nb = len(tunables.BLOCK_KV)
+    has = np.array([[table.votes[i][j] is not None for j in range(nb)] for i in index.tolist()])[near]
+    part = [np.array([[v[k] if v else 0 for v in table.votes[i]] for i in index.tolist()],
+                     dtype=np.int64)[near] for k in (0, 1)]
+    wt = weights[:, :, None] * has  # (buckets, K, blocks)
+    sums = [(wt * p).sum(axis=1) for p in part]
+    den = wt.sum(axis=1)
+    scores = np.where(den > 0, sums[0] // np.maximum(den, 1), np.iinfo(np.int64).max)
+    fit = np.array(fits_block_kv(shape, profile))
+    fitted = np.where(fit[None, :], scores, np.iinfo(np.int64).max)
+    none_fit = (fitted == np.iinfo(np.int64).max).all(axis=1)
+    scores = np.where(none_fit[:, None], scores, fitted)
+    # The least score, ties to the larger block: argmin over the blocks in reverse.
+    j = nb - 1 - np.argmin(scores[:, ::-1], axis=1)
+    slots = np.array(wave_slots(shape, fallback), dtype=np.int64)[j]
+    pick = np.arange(len(j))
+    log_waves = sums[1][pick, j] // den[pick, j] - log2_q16_array(slots)
+    # Whole waves: any n of at least n_cap waves gives S > MAX_SPLITS, so the search stops there.
+    n_cap = tunables.MAX_SPLITS * w // slots + 2
+    whole = np.maximum(1, nearest_counts(np.minimum(log_waves, log2_q16_array(n_cap))) * slots // w)
+    # Below WAVE_ROUNDING_FROM: the S in [1, MAX_SPLITS] nearest in log2 (ties: the smaller).
+    target = log_waves + log2_q16_array(slots) - log2_q16(w)
+    nearest = np.abs(_split_logs()[None, :] - target[:, None]).argmin(axis=1) + 1
+    splits = np.where(log_waves >= WAVE_ROUNDING_FROM, whole, nearest)
+    return index[near[:, 0]], d[:, 0] == 0, j, splits
 
 
 class KvLenLookup:
@@ -79,16 +146,17 @@ class KvLenLookup:
         cands = class_rows(table, shape)
         widest = dataclasses.replace(shape, kv_len=MAX_DIM)  # _finalize without the S cap
         if cands:
-            near, zero, splits = _interpolated_splits(cands, shape, coords)
-            # A bucket's answer: its nearest row's config, with the interpolated S unless the
-            # row is at distance 0; segments first, Config objects once per segment.
-            answers = [(i, None if z else s) for i, z, s in
-                       zip(near.tolist(), zero.tolist(), splits.tolist())]
-            bases = {i: _finalize(table.rows[i][1], widest, profile) for i, _ in set(answers)}
+            near, zero, blocks, splits = _interpolated_configs(table, cands, shape, coords, profile, fallback)
+            # A bucket's answer: its nearest row's config as it is at distance 0, else with the
+            # interpolated block_kv and S; segments first, Config objects once per segment.
+            answers = [(i, None) if z else (i, (tunables.BLOCK_KV[j], s)) for i, z, j, s in
+                       zip(near.tolist(), zero.tolist(), blocks.tolist(), splits.tolist())]
 
             def make(answer):
-                base = bases[answer[0]]
-                return base if answer[1] is None else dataclasses.replace(base, num_splits=answer[1])
+                base = table.rows[answer[0]][1]
+                if answer[1] is not None:
+                    base = dataclasses.replace(base, block_kv=answer[1][0], num_splits=answer[1][1])
+                return _finalize(base, widest, profile)
         else:
             splits, blocks = analytic_configs(shape, starts, fallback)
             answers = list(zip(splits.tolist(), blocks.tolist()))

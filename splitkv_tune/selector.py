@@ -14,13 +14,23 @@ the same integer arithmetic, so both choose identically):
    log2 rounded down to a 1/64 octave (``log2_q16(Sk)`` with the low 10 bits cleared,
    :func:`sk_coord`), for the query and the rows alike: every ``Sk`` of one such bucket gets
    the same answer up to the final cap, so the run-time lookup (``splitkv_tune.lookup``)
-   precomputes it per bucket. A row at distance 0 is used as it is. Otherwise the split count
-   is interpolated through the split kernel's CTA count ``C = S * B*Hkv*m_blocks``: ``log2 C``
-   is the inverse-distance weighted mean of the neighbours' ``log2 C``, and ``S`` is the
-   integer in ``[1, cap]`` whose log2 is nearest to ``log2 C - log2(B*Hkv*m_blocks)`` (ties ->
-   smaller S) and ``cap = min(128, ceil(Sk / block_kv))``. ``block_kv``, ``reduce_threads`` and
-   ``split_policy`` are the nearest row's. Logs are fixed point (16 fractional bits) computed
-   with integers only.
+   precomputes it per bucket. A row at distance 0 is used as it is. Otherwise, with weights
+   ``2**32 // distance``:
+
+   - ``block_kv``: for each ``b`` that fits the profile's per-block shared memory (the smallest
+     always; all when none the neighbours timed fits), the weighted mean, over the neighbours
+     that timed ``b``, of ``log2_q16(their time at b) - log2_q16(their fastest time)`` (times
+     from the ``best_us_kv<b>`` columns in whole ns, :func:`time_ns`; a row without them knows
+     only its winner). The least mean wins; ties go to the larger ``b``.
+   - ``S``: ``log2 W``, the weighted mean of the neighbours' ``log2_q16(S_b * C)`` (``S_b``
+     their split count at that ``b``, ``C`` their split kernel's CTAs per split, ``B*Hkv*m_blocks``)
+     less ``log2_q16(slots)``, ``slots = SMs * analytic.residency`` of ``b``: the neighbours'
+     waves. From 3/4 of a wave on (``WAVE_ROUNDING_FROM``), ``S = n * slots // C`` of this shape
+     with ``n`` the whole number of waves nearest in log2 (:func:`nearest_count`); below, the
+     ``S`` in ``[1, 128]`` nearest in log2 to ``log2 W + log2 slots - log2 C`` (ties ->
+     smaller S). ``reduce_threads`` and ``split_policy`` are the nearest row's. Logs are fixed
+     point (16 fractional bits) computed with integers only; every division of the rule is a
+     floor of non-negative integers.
 3. **Analytic fallback** (fewer than K table rows for that dtype/head_dim/causal/tile height): over
    every ``block_kv`` that fits the GPU's shared memory and every ``S`` in
    ``[1, min(128, kv blocks)]``, the fewest splits, then the largest block, whose modelled
@@ -36,16 +46,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import sys
 from pathlib import Path
 
 from splitkv_tune import tunables
 from splitkv_tune.analytic import (GENERIC_PROFILE, MODEL, CostModel, analytic_config,  # noqa: F401
-                                   analytic_cost_ns)
+                                   analytic_cost_ns, residency)
 from splitkv_tune.gpus import GpuProfile, profile_for, resolve_gpu
 from splitkv_tune.paths import data_dir
-from splitkv_tune.table_schema import MAX_DIM, SHAPE_COLUMNS, TableError
+from splitkv_tune.table_schema import MAX_DIM, PER_BLOCK_KV_COLUMNS, SHAPE_COLUMNS, TableError
 from splitkv_tune.tunables import Config, Shape, block_m_for, ceil_div, smem_bytes
 
 TABLES_ENV = "SPLITKV_TUNE_TABLES"
@@ -141,6 +152,62 @@ def _work(shape: Shape) -> tuple[int, int, tuple[int, int, int]]:
             (log2_q16(bh), sk_coord(shape.kv_len), log2_q16(rows)))
 
 
+def time_ns(us: float) -> int:
+    """A table time in whole nanoseconds (at least 1): ``floor(us * 1000 + 0.5)``."""
+    return max(1, math.floor(us * 1000 + 0.5))
+
+
+def row_votes(rec: dict, cfg: Config, ctas_per_split: int) -> tuple:
+    """What a table row tells the interpolation about each ``block_kv`` b (``tunables.BLOCK_KV``
+    order): ``(log2_q16(its fastest time at b) - log2_q16(its fastest time), log2_q16(that
+    trial's S * ctas_per_split))`` from the ``best_us_kv<b>`` / ``best_splits_kv<b>`` columns
+    (times in :func:`time_ns`), ``None`` for a b it did not time. A row without those columns
+    (an older table) knows only its winner: ``(0, log2_q16(S * ctas_per_split))`` at its b.
+    """
+    def given(value):  # a validated frame's records hold NaN where the CSV cell was empty
+        return None if value is None or value != value else value
+
+    timed = [(given(rec.get(us)), given(rec.get(splits))) for us, splits in PER_BLOCK_KV_COLUMNS]
+    if all(t is None for t, _ in timed):
+        timed = [(1.0, cfg.num_splits) if b == cfg.block_kv else (None, None) for b in tunables.BLOCK_KV]
+    fastest = log2_q16(min(time_ns(t) for t, _ in timed if t is not None))
+    return tuple(None if t is None else (log2_q16(time_ns(t)) - fastest, log2_q16(int(sp) * ctas_per_split))
+                 for t, sp in timed)
+
+
+def nearest_count(target: int) -> int:
+    """The integer n >= 1 whose ``log2_q16`` is nearest to ``target`` (ties: the smaller),
+    searched up to ``2**40``.
+
+    >>> nearest_count(log2_q16(3)), nearest_count(-5000), nearest_count(log2_q16(5) + 100)
+    (3, 1, 5)
+    """
+    if target <= 0:
+        return 1
+    e = min(target >> Q, 40)
+    lo, hi = 1 << e, (1 << (e + 1)) - 1  # the largest n with log2_q16(n) <= target is in here
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if log2_q16(mid) <= target else (lo, mid - 1)
+    if lo < 1 << 40 and log2_q16(lo + 1) - target < target - log2_q16(lo):
+        return lo + 1
+    return lo
+
+
+def choose_block_kv(scores: list) -> int:
+    """Index into ``tunables.BLOCK_KV`` of the least score (``None``: not a candidate); ties
+    go to the larger block."""
+    best = None
+    for j, score in enumerate(scores):
+        if score is not None and (best is None or score <= scores[best]):
+            best = j
+    return best
+
+
+# log2_q16(3/4): from three quarters of a wave on, the interpolated S fills whole waves.
+WAVE_ROUNDING_FROM = log2_q16(3) - (2 << Q)
+
+
 class HeuristicTable:
     """A validated heuristics table of one GPU, indexed for lookups (build once, reuse).
 
@@ -174,7 +241,8 @@ class HeuristicTable:
         self.records = recs
         self.rows = []      # (key, Config) in canonical order
         self.exact = {}     # key -> row index
-        self.buckets = {}   # (dtype code, head_dim, causal, block_m) -> [(index, coords, logC)]
+        self.buckets = {}   # (dtype code, head_dim, causal, block_m) -> [(index, coords)]
+        self.votes = []     # per row: row_votes, one entry per tunables.BLOCK_KV
         for i, r in enumerate(recs):
             key = shape_key(*(r[c] for c in SHAPE_COLUMNS))
             cfg = Config(int(r["num_splits"]), int(r["block_kv"]), int(r["reduce_threads"]),
@@ -183,8 +251,8 @@ class HeuristicTable:
             self.exact[key] = i
             shape = Shape(str(r["dtype"]), *key[1:2], *key[3:], causal=bool(key[2]))
             bm, w, coords = _work(shape)
-            self.buckets.setdefault((key[0], key[1], key[2], bm), []).append(
-                (i, coords, log2_q16(cfg.num_splits * w)))
+            self.buckets.setdefault((key[0], key[1], key[2], bm), []).append((i, coords))
+            self.votes.append(row_votes(r, cfg, w))
 
     @functools.cached_property
     def frame(self):
@@ -220,7 +288,7 @@ def _describe(table: HeuristicTable, i: int) -> str:
 
 def _class_of(table: HeuristicTable, shape: Shape) -> list:
     """Every row of ``shape``'s class (dtype, head_dim, causal, query-tile height), as
-    ``(index, coords, logC)``."""
+    ``(index, coords)``."""
     key = (DTYPE_CODES[shape.dtype], shape.head_dim, int(shape.causal), block_m_for(shape.packed_rows))
     return table.buckets.get(key, [])
 
@@ -232,28 +300,70 @@ def class_rows(table: HeuristicTable | None, shape: Shape) -> list:
     return rows if len(rows) >= NEIGHBOURS else []
 
 
-def _interpolate(table: HeuristicTable, shape: Shape, profile) -> Selection | None:
+def fits_block_kv(shape: Shape, profile) -> list[bool]:
+    """Per ``tunables.BLOCK_KV``: whether the interpolation may choose it (the smallest always;
+    the others when the profile is unknown or their shared memory fits its per-block limit)."""
+    bm = block_m_for(shape.packed_rows)
+    return [j == 0 or profile is None or smem_bytes(shape.head_dim, b, bm) <= profile.smem_per_block
+            for j, b in enumerate(tunables.BLOCK_KV)]
+
+
+def wave_slots(shape: Shape, fallback: GpuProfile) -> list[int]:
+    """Per ``tunables.BLOCK_KV``: CTAs one wave of the split kernel holds on the GPU,
+    ``SMs * analytic.residency``."""
+    bm = block_m_for(shape.packed_rows)
+    return [fallback.sms * residency(shape.head_dim, b, bm, fallback) for b in tunables.BLOCK_KV]
+
+
+def splits_from_waves(log_waves: int, slots: int, ctas_per_split: int) -> int:
+    """S before the cap for a wave count in fixed point: at ``WAVE_ROUNDING_FROM`` waves or
+    more, whole waves (:func:`nearest_count`) times ``slots`` CTAs over the shape's CTAs a
+    split; below, the S nearest in log2 to that many waves' CTAs (ties: the smaller)."""
+    if log_waves >= WAVE_ROUNDING_FROM:
+        return max(1, nearest_count(log_waves) * slots // ctas_per_split)
+    target = log_waves + log2_q16(slots) - log2_q16(ctas_per_split)
+    best = 1
+    for s in range(2, tunables.MAX_SPLITS + 1):
+        if abs(log2_q16(s) - target) < abs(log2_q16(best) - target):
+            best = s
+    return best
+
+
+def _interpolate(table: HeuristicTable, shape: Shape, profile, fallback) -> Selection | None:
     _, w, coords = _work(shape)
     cands = class_rows(table, shape)
     if not cands:
         return None
-    dist = sorted((sum(abs(a - b) for a, b in zip(coords, c)), i, lc)
-                  for i, c, lc in cands)[:NEIGHBOURS]
+    dist = sorted((sum(abs(a - b) for a, b in zip(coords, c)), i) for i, c in cands)[:NEIGHBOURS]
     d0, i0 = dist[0][0], dist[0][1]
-    base = _finalize(table.rows[i0][1], shape, profile)
+    rows = tuple(i for _, i in dist)
     if d0 == 0:
-        return Selection(base, f"interpolated from rows {_describe(table, i0)}: same work "
-                               "dimensions (B*Hkv, Sk, Sq*G)", "interpolated", (i0,))
-    weights = [(1 << 32) // d for d, *_ in dist]
-    target = sum(wt * lc for wt, (_, _, lc) in zip(weights, dist)) // sum(weights) - log2_q16(w)
-    cap = max(1, min(tunables.MAX_SPLITS, ceil_div(shape.kv_len, base.block_kv)))
-    best = 1
-    for s in range(2, cap + 1):
-        if abs(log2_q16(s) - target) < abs(log2_q16(best) - target):
-            best = s
-    rows = tuple(i for _, i, *_ in dist)
-    reason = "interpolated from rows " + ", ".join(_describe(table, i) for i in rows)
-    return Selection(dataclasses.replace(base, num_splits=best), reason, "interpolated", rows)
+        return Selection(_finalize(table.rows[i0][1], shape, profile),
+                         f"interpolated from rows {_describe(table, i0)}: same work "
+                         "dimensions (B*Hkv, Sk, Sq*G)", "interpolated", (i0,))
+    weights = [(1 << 32) // d for d, _ in dist]
+
+    def weighted(j: int, part: int):
+        """(sum of weight * vote part, sum of weights) over the neighbours that timed b_j."""
+        pairs = [(wt, table.votes[i][j][part]) for wt, i in zip(weights, rows) if table.votes[i][j]]
+        return sum(wt * v for wt, v in pairs), sum(wt for wt, _ in pairs)
+
+    fits = fits_block_kv(shape, profile)
+    sums = [weighted(j, 0) for j in range(len(tunables.BLOCK_KV))]
+    scores = [num // den if den and fit else None for (num, den), fit in zip(sums, fits)]
+    if all(score is None for score in scores):  # every timed block is too large here
+        scores = [num // den if den else None for num, den in sums]
+    j = choose_block_kv(scores)
+    slots = wave_slots(shape, fallback)[j]
+    num, den = weighted(j, 1)
+    log_waves = num // den - log2_q16(slots)
+    base = table.rows[i0][1]
+    cfg = Config(splits_from_waves(log_waves, slots, w), tunables.BLOCK_KV[j],
+                 base.reduce_threads, base.split_policy)
+    reason = ("interpolated from rows " + ", ".join(_describe(table, i) for i in rows)
+              + f": block_kv {tunables.BLOCK_KV[j]} (their least weighted time ratio), "
+              f"{(2 ** (log_waves / (1 << Q))):.2f} waves of {slots} CTAs")
+    return Selection(_finalize(cfg, shape, profile), reason, "interpolated", rows)
 
 
 def _profiles(gpu, table: HeuristicTable | None):
@@ -286,7 +396,7 @@ def select_shape(table, shape: Shape, gpu=None, sms: int | None = None) -> Selec
         if i is not None:
             return Selection(_finalize(table.rows[i][1], shape, profile),
                              f"table hit: row {_describe(table, i)}", "hit", (i,))
-        sel = _interpolate(table, shape, profile)
+        sel = _interpolate(table, shape, profile, fallback)
         if sel is not None:
             return sel
         have = len(_class_of(table, shape))

@@ -13,7 +13,8 @@ Choosing a winner per shape (``build_heuristics``): only ``status == "ok"`` rows
 finite, positive median count. The fastest config sets the noise margin
 ``max((p80 - p20) / median, min_margin)``; every config within that margin of the fastest
 is a tie, and ties go to the smaller ``num_splits``, then the smaller workspace, then the
-lower median. The runner-up is the fastest of the other configs.
+lower median. The runner-up is the fastest of the other configs. Each row also keeps the winner
+at every ``block_kv`` by the same rule (:func:`per_block_kv_bests`), which the interpolation reads.
 """
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from pathlib import Path
 import pandas as pd
 
 from splitkv_tune import tunables
-from splitkv_tune.table_schema import (CONFIG_COLUMNS, HEURISTICS_COLUMNS, SCHEMA_VERSION,
-                                       SHAPE_COLUMNS)
+from splitkv_tune.table_schema import (CONFIG_COLUMNS, HEURISTICS_COLUMNS, PER_BLOCK_KV_COLUMNS,
+                                       SCHEMA_VERSION, SHAPE_COLUMNS)
 
 TRIALS_COLUMNS = (
     ["gpu", "run_id", "study", "trial", "backend"] + SHAPE_COLUMNS + CONFIG_COLUMNS
@@ -119,6 +120,26 @@ def pick_winner(group: pd.DataFrame, min_margin: float = MIN_NOISE_MARGIN):
     return winner, runner, margin
 
 
+def per_block_kv_bests(group: pd.DataFrame, min_margin: float = MIN_NOISE_MARGIN) -> dict:
+    """What one shape's usable trials say about each ``block_kv``: the winner among the trials
+    at that ``block_kv`` (:func:`pick_winner`'s tie rule, as the row's own winner) and its split
+    count, as the ``best_us_kv<b>`` / ``best_splits_kv<b>`` columns (``None`` where none was timed).
+
+    >>> g = pd.DataFrame({"block_kv": [64, 64, 32], "num_splits": [8, 4, 16],
+    ...                   "median_us": [9.0, 9.05, 12.0], "p20_us": [8.9, 9.0, 11.9],
+    ...                   "p80_us": [9.1, 9.1, 12.1]})
+    >>> {k: v for k, v in per_block_kv_bests(g).items() if v is not None}
+    {'best_us_kv32': 12.0, 'best_splits_kv32': 16, 'best_us_kv64': 9.05, 'best_splits_kv64': 4}
+    """
+    out = {}
+    for b, (us, splits) in zip(tunables.BLOCK_KV, PER_BLOCK_KV_COLUMNS):
+        at_b = group[group["block_kv"].astype(int) == b]
+        winner = pick_winner(at_b.astype({"median_us": float}), min_margin)[0] if len(at_b) else None
+        out[us] = None if winner is None else float(winner["median_us"])
+        out[splits] = None if winner is None else int(winner["num_splits"])
+    return out
+
+
 def build_heuristics(trials: pd.DataFrame, gpu: str | None = None,
                      min_margin: float = MIN_NOISE_MARGIN) -> pd.DataFrame:
     """One ``table_schema`` row per (gpu, shape) with at least one usable trial.
@@ -145,11 +166,13 @@ def build_heuristics(trials: pd.DataFrame, gpu: str | None = None,
         row["runner_up_us"] = None if runner is None else runner["median_us"]
         row["noise_margin"] = margin
         row["n_trials"] = len(group)
+        row.update(per_block_kv_bests(group, min_margin))
         rows.append(row)
     table = pd.DataFrame(rows, columns=HEURISTICS_COLUMNS)
     if len(table):
         table["causal"] = table["causal"].astype(int)
-        for col in ["runner_up_num_splits", "runner_up_block_kv", "runner_up_reduce_threads"]:
+        for col in ["runner_up_num_splits", "runner_up_block_kv", "runner_up_reduce_threads",
+                    *(splits for _, splits in PER_BLOCK_KV_COLUMNS)]:
             table[col] = table[col].astype("Int64")
     return table.reset_index(drop=True)
 

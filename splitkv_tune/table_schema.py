@@ -12,6 +12,10 @@ Version 1 columns, in order:
   ``runner_up_split_policy``, ``runner_up_us`` - the next best config (empty when none).
 * ``noise_margin`` - relative noise used to call ties, ``(p80 - p20) / median`` of the winner.
 * ``n_trials`` - successful trials behind the row; ``run_id`` - the sweep run that measured the winner.
+* ``best_us_kv<b>``, ``best_splits_kv<b>`` for each ``block_kv`` b (32, 64, 128) - the winner
+  among the trials at that ``block_kv`` (the same tie rule as the row's winner) and its split count, both empty when the sweep timed none (optional
+  columns: tables written before them load, and the selector then knows only the winner's
+  ``block_kv``). The interpolation chooses ``block_kv`` and the split count from them.
 
 Tables come from other machines and people, so :func:`read_heuristics` checks every value
 before anything else (selector, JSON or C++ export) sees it: integers are plain decimal
@@ -31,11 +35,14 @@ SCHEMA_VERSION = 1
 
 SHAPE_COLUMNS = ["dtype", "head_dim", "causal", "batch", "q_heads", "kv_heads", "q_len", "kv_len"]
 CONFIG_COLUMNS = ["num_splits", "block_kv", "reduce_threads", "split_policy"]
+# The fastest trial at each block_kv: (time column, split-count column) per tunables.BLOCK_KV.
+PER_BLOCK_KV_COLUMNS = tuple((f"best_us_kv{b}", f"best_splits_kv{b}") for b in tunables.BLOCK_KV)
 HEURISTICS_COLUMNS = (
     ["schema_version", "gpu"] + SHAPE_COLUMNS + CONFIG_COLUMNS
     + ["median_us", "p20_us", "p80_us", "gbps", "frac_copy_bw"]
     + ["runner_up_" + c for c in CONFIG_COLUMNS] + ["runner_up_us"]
     + ["noise_margin", "n_trials", "run_id"]
+    + [c for pair in PER_BLOCK_KV_COLUMNS for c in pair]
 )
 # The trials.csv columns the selector, evaluation and plots read (sweep.py writes more).
 TRIALS_REQUIRED_COLUMNS = (SHAPE_COLUMNS + CONFIG_COLUMNS
@@ -57,12 +64,13 @@ _INT_CHOICES = {"head_dim": tunables.HEAD_DIMS, "block_kv": tunables.BLOCK_KV,
                 "runner_up_reduce_threads": tunables.REDUCE_THREADS}
 _INT_RANGES = {"num_splits": (1, tunables.MAX_SPLITS),
                "runner_up_num_splits": (1, tunables.MAX_SPLITS),
+               **{splits: (1, tunables.MAX_SPLITS) for _, splits in PER_BLOCK_KV_COLUMNS},
                "schema_version": (0, 2**31), "n_trials": (0, 2**31), "n": (0, 2**31)}
 _OPTIONAL = {"p20_us", "p80_us", "gbps", "frac_copy_bw", "noise_margin", "runner_up_us",
              "runner_up_num_splits", "runner_up_block_kv", "runner_up_reduce_threads",
-             "runner_up_split_policy"}
+             "runner_up_split_policy", *(c for pair in PER_BLOCK_KV_COLUMNS for c in pair)}
 _FLOATS = {"median_us", "p20_us", "p80_us", "gbps", "frac_copy_bw", "noise_margin",
-           "runner_up_us"}
+           "runner_up_us", *(us for us, _ in PER_BLOCK_KV_COLUMNS)}
 
 
 class TableError(Exception):
@@ -166,13 +174,28 @@ def _validate_rows(df, columns: list[str], source, optional=frozenset(_OPTIONAL)
     import pandas as pd
     if len(df) == 0 and all(c in df.columns for c in columns):
         raise TableError(source, "empty table (no rows)")
-    rows = df[[c for c in columns if c in df.columns]].itertuples(index=False, name=None)
+    # Missing cells as None: pandas' NA of nullable columns (Int64, string) is no empty string.
+    frame = df[[c for c in columns if c in df.columns]].astype(object)
+    rows = frame.where(frame.notna(), None).itertuples(index=False, name=None)
     records = _validate_records(set(df.columns), rows, columns, source, optional)
-    return pd.DataFrame.from_records(records, columns=columns)
+    out = pd.DataFrame.from_records(records, columns=columns)
+    # An integer column with empty cells stays integer (pandas' nullable Int64, not float), so
+    # that the validated frame validates again.
+    for col in columns:
+        values = [r[col] for r in records if r[col] is not None]
+        if len(values) < len(records) and values and all(type(v) is int for v in values):
+            out[col] = out[col].astype("Int64")
+    return out
+
+
+def _missing(value) -> bool:
+    """An empty cell: ``None`` in plain records; NaN or pandas' NA in a validated frame's."""
+    return value is None or type(value).__name__ == "NAType" or (isinstance(value, float) and math.isnan(value))
 
 
 def _check_heuristics_records(records: list[dict], source) -> None:
-    """Schema version and duplicate shapes, the checks a heuristics table adds to its cells."""
+    """Schema version, duplicate shapes and the per-block_kv pairs, the checks a heuristics
+    table adds to its cells."""
     versions = sorted(set(r["schema_version"] for r in records))
     if versions != [SCHEMA_VERSION]:
         raise TableError(source, f"schema_version is {', '.join(map(str, versions))}, "
@@ -184,6 +207,12 @@ def _check_heuristics_records(records: list[dict], source) -> None:
             raise TableError(source, f"row {i + 1} (line {i + 2}): duplicate shape (same GPU "
                                      "and shape as an earlier row)")
         seen.add(key)
+        for us, splits in PER_BLOCK_KV_COLUMNS:
+            if _missing(r.get(us)) != _missing(r.get(splits)):
+                raise TableError(source, f"row {i + 1} (line {i + 2}): {us} and {splits} go "
+                                         "together (both empty, or both given)")
+            if not _missing(r.get(us)) and r[us] <= 0:
+                raise TableError(source, f"row {i + 1} (line {i + 2}): {us} must be > 0, got {r[us]}")
 
 
 def _refuse_batch_table(columns, source) -> None:

@@ -126,8 +126,6 @@ def test_capacity_and_other_sequences_change_no_bit(gen):
 
 
 def _bad_calls():
-    q = torch.zeros(2, 1, 4, 64)
-    k = torch.zeros(8, 16, 1, 64)
     table = torch.zeros(2, 2, dtype=torch.int32)
     lens = torch.tensor([3, 4], dtype=torch.int32)
     yield "seqlens dtype", dict(cache_seqlens=lens.long(), block_table=table), "cache_seqlens"

@@ -46,7 +46,7 @@ def test_plots_from_heuristics_cli(tmp_path):
 def test_titles_name_gpu_and_run_and_panels_share_one_colour_range(tmp_path):
     import matplotlib.collections
 
-    from splitkv_tune.plot import heatmap, read_any, run_label
+    from splitkv_tune.plot import heatmap, run_label
     from splitkv_tune.table_schema import read_heuristics
     heur = read_heuristics(FIXTURES / "heuristics.csv")
     assert run_label(heur) == "GPU nvidia_h200, run fixture-1"

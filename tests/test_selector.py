@@ -5,7 +5,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from splitkv_tune import evaluation, lookup, selector
+from splitkv_tune import evaluation, lookup, selector, tunables
 from splitkv_tune.evaluation import evaluate_trials, fallback_vs_fa2, shape_of
 from splitkv_tune.gpus import profile_for
 from splitkv_tune.selector import (HeuristicTable, auto_config, load_table_for_gpu, select_config,
@@ -287,3 +287,43 @@ def test_evaluate_takes_the_grid_timing_unless_overridden(tmp_path, monkeypatch)
         kwargs, splits = seen.pop()
         assert kwargs["max_time_s"] == want and kwargs["min_reps"] == 3
         assert kwargs["backend"] == "reference" and splits == (1, 2)
+
+
+def _per_block_kv_table(splits_at_64: int):
+    """Four bf16 D128 decode rows (one class) whose fastest block_kv is 64 although each row's
+    winner is 128, each with ``splits_at_64`` splits at 64."""
+    base = dict(schema_version=1, gpu="nvidia_h200", dtype="bf16", head_dim=128, causal=0, batch=1,
+                q_heads=32, kv_heads=8, q_len=1, num_splits=4, block_kv=128, reduce_threads=128,
+                split_policy="blocks", median_us=10.4, n_trials=30, run_id="r1",
+                best_us_kv32=12.0, best_splits_kv32=16, best_us_kv64=10.0, best_splits_kv64=splits_at_64,
+                best_us_kv128=10.4, best_splits_kv128=4)
+    return HeuristicTable(pd.DataFrame([{**base, "kv_len": sk} for sk in (2048, 4096, 8192, 16384)]))
+
+
+def test_interpolation_takes_the_block_the_neighbours_ran_fastest_and_fills_whole_waves():
+    shape = Shape("bf16", 128, 1, 32, 8, 1, 6000)
+    slots = selector.wave_slots(shape, profile_for("h200"))[tunables.BLOCK_KV.index(64)]
+    ctas_per_split = 8  # B * Hkv * one query tile
+    # The neighbours ran about one wave at block_kv 64: S fills one whole wave here too.
+    sel = selector.select_shape(_per_block_kv_table(slots // ctas_per_split), shape, "h200")
+    assert sel.kind == "interpolated" and sel.config.block_kv == 64
+    assert sel.config.num_splits == slots // ctas_per_split and "waves of" in sel.reason
+    # Far below a wave the split count interpolates in log2 (the neighbours' 8 splits stay 8).
+    sel = selector.select_shape(_per_block_kv_table(8), shape, "h200")
+    assert (sel.config.block_kv, sel.config.num_splits) == (64, 8)
+    # A table without the per-block_kv columns knows only the winners' block_kv.
+    plain = HeuristicTable(_per_block_kv_table(8).frame.drop(
+        columns=[c for c in _per_block_kv_table(8).columns if c.startswith("best_")]))
+    assert selector.select_shape(plain, shape, "h200").config.block_kv == 128
+
+
+def test_nearest_count_is_nearest_in_log2_with_ties_to_the_smaller():
+    from splitkv_tune.lookup import nearest_counts
+    targets = [-70000, 0, 1, 30000, 65536, 103872, 131072, 150000, selector.log2_q16(1000) + 7,
+               41 << 16, 60 << 16]
+    want = [min(range(1, 2000), key=lambda n: (abs(selector.log2_q16(n) - t), n)) if t < (11 << 16)
+            else None for t in targets]
+    got = [selector.nearest_count(t) for t in targets]
+    assert [g for g, w in zip(got, want) if w is not None] == [w for w in want if w is not None]
+    assert got[-2:] == [(1 << 41) - 1, (1 << 41) - 1]
+    assert nearest_counts(targets).tolist() == got

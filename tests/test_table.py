@@ -48,6 +48,9 @@ def test_shape_with_only_failures_has_no_row_and_single_trial_has_no_runner_up()
     out = table.build_heuristics(trials, gpu="g")
     assert len(out) == 1 and out.iloc[0].kv_len == 4096
     assert pd.isna(out.iloc[0].runner_up_num_splits) and pd.isna(out.iloc[0].runner_up_us)
+    # The built frame's missing runner-up (pandas' NA in nullable columns) validates as missing.
+    checked = table_schema.validate_heuristics(out, "built")
+    assert pd.isna(checked.iloc[0].runner_up_num_splits)
 
 
 def test_equal_splits_tie_goes_to_lower_median_and_latest_run_wins_repeats():
@@ -103,3 +106,17 @@ def test_fixture_trials_build():
     fixture = Path(__file__).parent / "fixtures" / "trials.csv"
     out = table.build_heuristics(table_schema.read_trials(fixture), gpu="nvidia_h200")
     assert len(out) > 0 and not out["median_us"].map(math.isnan).any()
+
+
+def test_per_block_kv_columns_come_in_pairs_and_hold_the_winner_at_each_block():
+    trials = pd.DataFrame([trial(16, 10.0, block_kv=64), trial(8, 10.05, block_kv=64),
+                           trial(4, 12.0, block_kv=128)])
+    row = table.build_heuristics(trials, gpu="nvidia_h200").iloc[0]
+    assert (row.best_splits_kv64, row.best_us_kv64) == (8, 10.05)  # the tie rule: fewer splits
+    assert (row.best_splits_kv128, row.best_us_kv128) == (4, 12.0)
+    assert pd.isna(row.best_us_kv32) and pd.isna(row.best_splits_kv32)
+    checked = table_schema.validate_heuristics(table.build_heuristics(trials, gpu="nvidia_h200"))
+    with pytest.raises(table_schema.TableError, match="best_us_kv64 and best_splits_kv64 go together"):
+        table_schema.validate_heuristics(checked.assign(best_splits_kv64=None))
+    with pytest.raises(table_schema.TableError, match="best_us_kv128 must be > 0"):
+        table_schema.validate_heuristics(checked.assign(best_us_kv128=0.0))

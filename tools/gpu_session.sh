@@ -121,6 +121,14 @@ dense_sweep() {
   limit "$seconds" splitkv-tune sweep --gpu "$flag" --grid configs/dense_decode.yaml --dtype "${part%%_*}" \
     --head-dim "${part##*_d}" --sampler tpe --out "$dir" --no-progress "$@" \
     $( [ -f "$dir/optuna.journal" ] && echo --resume ) 2>&1 | tail -8 | tee -a "$out/dense_part.log"
+  shipped_table
+}
+# The table the selector ships for this GPU: its quick grid and every dense part, as one
+# measurement set (a sweep of either writes only its own folder's table).
+shipped_table() {
+  local parts=(results/$gpu/dense_decode/*/trials.csv)
+  [ -f "results/$gpu/trials.csv" ] && [ -f "${parts[0]}" ] || return 0
+  splitkv-tune table "results/$gpu" "${parts[@]%/trials.csv}" -o "results/$gpu/heuristics.csv" 2>&1 | tail -2 | tee -a "$out/table.log"
 }
 # evaluate_held_out SHAPES NAME: the selector's regret on a held-out set, every timed config kept
 # (NAME_models_trials.csv) for offline replays against later tables (HOLDOUT_TIMEOUT).
@@ -242,6 +250,7 @@ for mode in "$@"; do
       ;;
     sweep)
       limit 420 splitkv-tune sweep --gpu "$flag" --grid quick --no-progress 2>&1 | tail -25 | tee "$out/sweep.log"
+      shipped_table
       ;;
     evaluate)
       limit 240 splitkv-tune evaluate --gpu "$flag" --shapes-file configs/evaluate.yaml \
