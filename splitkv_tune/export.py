@@ -28,7 +28,9 @@ from splitkv_tune import __version__, tunables
 from splitkv_tune.gpus import device_names as profile_device_names
 from splitkv_tune.analytic import residency
 from splitkv_tune.gpus import GpuProfile
-from splitkv_tune.selector import NEIGHBOURS, Q, SK_DROP_BITS, WAVE_ROUNDING_FROM, HeuristicTable, _profiles
+from splitkv_tune.selector import (NEIGHBOURS, Q, SK_DROP_BITS, WAVE_ROUNDING_FROM, HeuristicTable, _profiles,
+                                   fits_block_kv)
+from splitkv_tune.tunables import Shape
 from splitkv_tune.table_schema import (HEURISTICS_COLUMNS, NAME_RE, SCHEMA_VERSION, SHAPE_COLUMNS,
                                        TableError, keep_gpu, read_heuristics, validate_heuristics)
 
@@ -87,16 +89,20 @@ def _plain(value):
     return value
 
 
-def lookup_constants(profile: GpuProfile, head_dim: int) -> dict:
+def lookup_constants(profile: GpuProfile | None, fallback: GpuProfile, head_dim: int) -> dict:
     """The constants of the selector's rule a reader of the JSON needs (README: "How the
-    selector decides"), for one GPU profile and head dim."""
+    selector decides"), for one GPU (``profile``: None when unknown; ``fallback``: the profile
+    the waves use) and head dim."""
     tiles = sorted({tunables.block_m_for(16), tunables.block_m_for(17)})
+    fits = {bm: fits_block_kv(Shape("bf16", head_dim, 1, bm, 1, 1, 1), profile) for bm in tiles}
     return {"neighbours": NEIGHBOURS, "log2_fraction_bits": Q, "sk_drop_bits": SK_DROP_BITS,
             "max_splits": tunables.MAX_SPLITS, "block_kv": list(tunables.BLOCK_KV),
             "block_m": {"rows_le_16": tunables.block_m_for(16), "otherwise": tunables.block_m_for(17)},
             "wave_rounding_from": WAVE_ROUNDING_FROM,
-            "wave_slots": {str(bm): {str(b): profile.sms * residency(head_dim, b, bm, profile)
-                                     for b in tunables.BLOCK_KV} for bm in tiles}}
+            "wave_slots": {str(bm): {str(b): fallback.sms * residency(head_dim, b, bm, fallback)
+                                     for b in tunables.BLOCK_KV} for bm in tiles},
+            "block_kv_fits": {str(bm): {str(b): fit for b, fit in zip(tunables.BLOCK_KV, fits[bm])}
+                              for bm in tiles}}
 
 
 def export_json(df: pd.DataFrame, out_dir, gpu: str | None = None, source="<table>") -> list[Path]:
@@ -106,7 +112,8 @@ def export_json(df: pd.DataFrame, out_dir, gpu: str | None = None, source="<tabl
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     names = device_names(table.gpu)
-    fallback = _profiles(None, table)[1]  # the profile the selector's waves use
+    profile, fallback = _profiles(None, table)  # the smem check's (None: unknown) and the waves'
+
     paths = []
     for (dtype, head_dim), part in table.frame.groupby(["dtype", "head_dim"], sort=True):
         entries = {}
@@ -120,7 +127,7 @@ def export_json(df: pd.DataFrame, out_dir, gpu: str | None = None, source="<tabl
                     "run_ids": [_safe(r) for r in sorted(set(part["run_id"]))],
                     "tool": "splitkv-tune", "tool_version": _safe(__version__),
                     "key_format": ",".join(f"{c}={{{c}}}" for c in KEY_COLUMNS),
-                    "lookup": lookup_constants(fallback, int(head_dim))}
+                    "lookup": lookup_constants(profile, fallback, int(head_dim))}
             path = out_dir / json_name(name, dtype, head_dim)
             path.write_text(json.dumps({"_metadata": meta, **entries}, indent=1,
                                        allow_nan=False) + "\n")
@@ -142,7 +149,7 @@ def load_json(paths) -> pd.DataFrame:
                              **entry})
         except (ValueError, KeyError, AttributeError, TypeError) as exc:
             raise TableError(path, f"not an exported splitkv-tune JSON table ({exc})") from None
-    df = pd.DataFrame(rows, columns=HEURISTICS_COLUMNS).astype(object)
+    df = pd.DataFrame(rows, columns=HEURISTICS_COLUMNS, dtype=object)  # 16 stays "16", not "16.0"
     df = df.where(df.notna(), "")
     return validate_heuristics(df.astype(str), ", ".join(map(str, paths)))
 

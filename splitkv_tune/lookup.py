@@ -109,8 +109,8 @@ def _interpolated_configs(table: HeuristicTable, cands, shape: Shape, coords, pr
     weights = (1 << 32) // np.maximum(d, 1)
     nb = len(tunables.BLOCK_KV)
     has = np.array([[table.votes[i][j] is not None for j in range(nb)] for i in index.tolist()])[near]
-    part = [np.array([[v[k] if v else 0 for v in table.votes[i]] for i in index.tolist()],
-                     dtype=np.int64)[near] for k in (0, 1)]
+    part = [np.array([[v[which] if v else 0 for v in table.votes[i]] for i in index.tolist()],
+                     dtype=np.int64)[near] for which in (0, 1)]
     wt = weights[:, :, None] * has  # (buckets, K, blocks)
     sums = [(wt * p).sum(axis=1) for p in part]
     den = wt.sum(axis=1)
@@ -124,7 +124,7 @@ def _interpolated_configs(table: HeuristicTable, cands, shape: Shape, coords, pr
     slots = np.array(wave_slots(shape, fallback), dtype=np.int64)[j]
     pick = np.arange(len(j))
     log_waves = sums[1][pick, j] // den[pick, j] - log2_q16_array(slots)
-    # Whole waves: any n of at least n_cap waves gives S > MAX_SPLITS, so the search stops there.
+    # Whole waves: any n of at least n_cap waves gives S >= MAX_SPLITS, so the search stops there.
     n_cap = tunables.MAX_SPLITS * w // slots + 2
     whole = np.maximum(1, nearest_counts(np.minimum(log_waves, log2_q16_array(n_cap))) * slots // w)
     # Below WAVE_ROUNDING_FROM: the S in [1, MAX_SPLITS] nearest in log2 (ties: the smaller).

@@ -176,8 +176,10 @@ def row_votes(rec: dict, cfg: Config, ctas_per_split: int) -> tuple:
 
 
 def nearest_count(target: int) -> int:
-    """The integer n >= 1 whose ``log2_q16`` is nearest to ``target`` (ties: the smaller),
-    searched up to ``2**40``.
+    """The whole number of waves for a fixed-point ``target``: the largest n >= 1 with
+    ``log2_q16(n) <= target``, or n + 1 when its ``log2_q16`` is nearer (ties: n); at most
+    ``2**41 - 1``. (Above ``2**16`` neighbouring integers can share a ``log2_q16``: the largest
+    of such a run is the one taken.)
 
     >>> nearest_count(log2_q16(3)), nearest_count(-5000), nearest_count(log2_q16(5) + 100)
     (3, 1, 5)
@@ -257,8 +259,8 @@ class HeuristicTable:
     @functools.cached_property
     def frame(self):
         """The rows as a DataFrame in canonical order (for the tools; imports pandas)."""
-        import pandas as pd
-        return pd.DataFrame.from_records(self.records, columns=self.columns)
+        from splitkv_tune.table_schema import records_frame
+        return records_frame(self.records, self.columns)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -367,7 +369,8 @@ def _interpolate(table: HeuristicTable, shape: Shape, profile, fallback) -> Sele
 
 
 def _profiles(gpu, table: HeuristicTable | None):
-    """(profile for the smem check or None when unknown, profile for the fallback)."""
+    """(profile for the smem check or None when unknown, profile for the fallback and the
+    interpolation's waves)."""
     if isinstance(gpu, GpuProfile):
         return gpu, gpu
     name = gpu if gpu is not None else (table.gpu if table is not None else None)

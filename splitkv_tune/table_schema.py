@@ -104,14 +104,19 @@ def _parse_int(col: str, raw: str, choices=_INT_CHOICES, ranges=_INT_RANGES) -> 
     return value
 
 
+MAX_FLOAT = 1e12  # µs, GB/s or a ratio: far above any measurement, and safe to scale to ns
+
+
 def _parse_float(col: str, raw: str) -> float:
-    """A finite number >= 0."""
+    """A number in ``[0, MAX_FLOAT]``."""
     try:
         value = float(raw)
     except ValueError:
         raise ValueError(f"{col} must be a number, got {_show(raw)}") from None
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{col} must be a finite number >= 0, got {_show(raw)}")
+    if value > MAX_FLOAT:
+        raise ValueError(f"{col} must be at most {MAX_FLOAT:g}, got {_show(raw)}")
     return value
 
 
@@ -176,14 +181,25 @@ def _validate_rows(df, columns: list[str], source, optional=frozenset(_OPTIONAL)
         raise TableError(source, "empty table (no rows)")
     # Missing cells as None: pandas' NA of nullable columns (Int64, string) is no empty string.
     frame = df[[c for c in columns if c in df.columns]].astype(object)
-    rows = frame.where(frame.notna(), None).itertuples(index=False, name=None)
-    records = _validate_records(set(df.columns), rows, columns, source, optional)
+    frame = frame.where(frame.notna(), None)
+    for col in frame.columns:  # an integer column that pandas made float for its NaN: 16.0 is 16
+        values = frame[col].tolist()
+        if col not in _FLOATS and any(isinstance(v, float) for v in values):
+            frame[col] = pd.Series([int(v) if isinstance(v, float) and v.is_integer() else v for v in values],
+                                   index=frame.index, dtype=object)
+    rows = frame.itertuples(index=False, name=None)
+    return records_frame(_validate_records(set(df.columns), rows, columns, source, optional), columns)
+
+
+def records_frame(records: list[dict], columns: list[str]):
+    """Validated records as a DataFrame in which an integer column with empty cells stays
+    integer (pandas' nullable Int64, not float), so that the frame validates and writes again."""
+    import pandas as pd
     out = pd.DataFrame.from_records(records, columns=columns)
-    # An integer column with empty cells stays integer (pandas' nullable Int64, not float), so
-    # that the validated frame validates again.
     for col in columns:
-        values = [r[col] for r in records if r[col] is not None]
-        if len(values) < len(records) and values and all(type(v) is int for v in values):
+        values = [r[col] for r in records if not _missing(r[col])]
+        if len(values) < len(records) and values and all(isinstance(v, int) and not isinstance(v, bool)
+                                                         for v in values):
             out[col] = out[col].astype("Int64")
     return out
 
@@ -213,6 +229,11 @@ def _check_heuristics_records(records: list[dict], source) -> None:
                                          "together (both empty, or both given)")
             if not _missing(r.get(us)) and r[us] <= 0:
                 raise TableError(source, f"row {i + 1} (line {i + 2}): {us} must be > 0, got {r[us]}")
+        given = [b for b, (us, _) in zip(tunables.BLOCK_KV, PER_BLOCK_KV_COLUMNS) if not _missing(r.get(us))]
+        if given and r["block_kv"] not in given:
+            raise TableError(source, f"row {i + 1} (line {i + 2}): best_us_kv{r['block_kv']} is empty, but the "
+                                     f"row's winner ran block_kv {r['block_kv']} (the per-block_kv columns give "
+                                     "the winner at every block_kv timed)")
 
 
 def _refuse_batch_table(columns, source) -> None:

@@ -64,6 +64,25 @@ def test_shipped_json_export_validates():
     assert SHIPPED_JSON
     for path in SHIPPED_JSON:
         assert not list(_validator().iter_errors(json.loads(path.read_text()))), path
+        assert read_table_file(path) is not None  # and reads back
+
+
+def test_exports_with_empty_integer_cells_read_back_and_select_alike(tmp_path, random_shapes):
+    """Empty runner-up and per-block_kv cells must not turn the integers around them into
+    floats ("16.0"), which the reader rejects."""
+    from splitkv_tune.export import export_csv
+    df = read_heuristics(HEURISTICS)
+    blank = df.index % 3 == 0
+    df.loc[blank, ["runner_up_num_splits", "runner_up_block_kv", "runner_up_reduce_threads",
+                   "runner_up_split_policy", "runner_up_us"]] = None
+    df.loc[blank & (df["block_kv"] != 64), ["best_us_kv64", "best_splits_kv64"]] = None
+    table = HeuristicTable(df)
+    csv_path = export_csv(table.frame, tmp_path / "again.csv")
+    back = [HeuristicTable(read_heuristics(csv_path)),
+            HeuristicTable(load_json(export_json(table.frame, tmp_path / "json")))]
+    for shape in random_shapes(300, seed=11):
+        want = select_shape(table, shape, "h200").config
+        assert all(select_shape(t, shape, "h200").config == want for t in back), shape
 
 
 def test_schema_rejects_what_the_reader_rejects(tmp_path):

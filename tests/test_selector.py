@@ -317,7 +317,7 @@ def test_interpolation_takes_the_block_the_neighbours_ran_fastest_and_fills_whol
     assert selector.select_shape(plain, shape, "h200").config.block_kv == 128
 
 
-def test_nearest_count_is_nearest_in_log2_with_ties_to_the_smaller():
+def test_nearest_count_rounds_a_wave_count_in_log2():
     from splitkv_tune.lookup import nearest_counts
     targets = [-70000, 0, 1, 30000, 65536, 103872, 131072, 150000, selector.log2_q16(1000) + 7,
                41 << 16, 60 << 16]

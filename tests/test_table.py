@@ -120,3 +120,7 @@ def test_per_block_kv_columns_come_in_pairs_and_hold_the_winner_at_each_block():
         table_schema.validate_heuristics(checked.assign(best_splits_kv64=None))
     with pytest.raises(table_schema.TableError, match="best_us_kv128 must be > 0"):
         table_schema.validate_heuristics(checked.assign(best_us_kv128=0.0))
+    with pytest.raises(table_schema.TableError, match="best_us_kv128 must be at most 1e"):
+        table_schema.validate_heuristics(checked.assign(best_us_kv128=1e306))
+    with pytest.raises(table_schema.TableError, match="the row's winner ran block_kv 64"):
+        table_schema.validate_heuristics(checked.assign(best_us_kv64=None, best_splits_kv64=None))

@@ -2235,8 +2235,8 @@ inline Config finalize(Config c, const Shape& s, bool check_smem, std::int64_t s
   return c;
 }
 
-// The integer n >= 1 whose log2_q16 is nearest to target (ties: the smaller), searched up to
-// 2^40 (selector.nearest_count).
+// The whole number of waves for a fixed-point target (selector.nearest_count): the largest
+// n >= 1 with log2_q16(n) <= target, or n + 1 when its log2_q16 is nearer (ties: n).
 inline std::int64_t nearest_count(std::int64_t target) {
   if (target <= 0) return 1;
   const int e = static_cast<int>(min64(target >> 16, 40));
@@ -2269,7 +2269,8 @@ inline bool matches_device(const char* device_name) {
 
 // Chooses the launch config of one shape; false when the shape is invalid or too large
 // (each dim <= kMaxDim, B*Hq*Sq <= 2^32, B*Hkv*Sk <= 2^40). kind: kHit/kInterpolated/kFallback.
-// num_sms > 0 replaces the profile's SM count in the fallback (MIG slices, cut-down parts).
+// num_sms > 0 replaces the profile's SM count in the fallback and in the interpolation's waves
+// (MIG slices, cut-down parts).
 inline bool select_config(int dtype, int head_dim, std::int64_t batch, std::int64_t q_heads,
                           std::int64_t kv_heads, std::int64_t q_len, std::int64_t kv_len,
                           bool causal, Config* out, int* kind = nullptr, std::int64_t num_sms = 0) {
@@ -2361,7 +2362,7 @@ inline bool select_config(int dtype, int head_dim, std::int64_t batch, std::int6
   const std::int64_t log_waves = ctas_sum[pick] / den[pick] - log2_q16(static_cast<std::uint64_t>(slots));
   std::int64_t splits;
   if (log_waves >= kWaveRoundingFrom) {
-    // Any n of at least n_cap waves gives S > kMaxSplits: the search need not go past it.
+    // Any n of at least n_cap waves gives S >= kMaxSplits: the search need not go past it.
     const std::int64_t n_cap = kMaxSplits * w / slots + 2;
     splits = max64(1, nearest_count(min64(log_waves, log2_q16(static_cast<std::uint64_t>(n_cap)))) * slots / w);
   } else {
