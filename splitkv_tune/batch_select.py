@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 
 from splitkv_tune import _rules, batches, live
-from splitkv_tune.selector import Q, log2_q16
+from splitkv_tune.interpolation import Q, log2_q16
 
 PAGE_WEIGHT = 0.25
 # The farthest class whose knobs a batch takes, in octaves of the distance (see the module).

@@ -412,11 +412,13 @@ def evaluate_batches(grid_path, table_path, gpu, csv_path, num_sms, report_only,
     table = read_batch_table_file(table_path, gpu=gpu)
     if not report_only:
         _check_cuda()
-        from splitkv_tune.sweep import present_device_name
-        if present_device_name("cuda") != resolve_gpu(gpu):
-            raise click.BadParameter(f"names {resolve_gpu(gpu)!r} but the device present is "
-                                     f"{present_device_name('cuda')!r}, whose timings would be labelled "
-                                     f"{resolve_gpu(gpu)!r}; time on that GPU, or use --report-only", param_hint="--gpu")
+        from splitkv_tune.sweep import GpuMismatch, resolve_table_gpu
+        try:
+            resolve_table_gpu(gpu, "cuda")
+        except GpuMismatch as err:
+            raise click.BadParameter(f"names {err.requested!r} but the device present is {err.present!r}, whose "
+                                     f"timings would be labelled {err.requested!r}; time on that GPU, or use "
+                                     "--report-only", param_hint="--gpu") from None
         import torch
         device_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
         if num_sms is not None and num_sms != device_sms:

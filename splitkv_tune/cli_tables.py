@@ -59,12 +59,12 @@ def _present_gpu(gpu: str, backend: str, force: bool) -> str:
     from splitkv_tune import sweep as sweep_mod
     if backend == "reference":
         return resolve_gpu(_gpu_name(gpu) or sweep_mod.REFERENCE_BACKEND_DEVICE)
-    present = sweep_mod.present_device_name(backend)
-    wanted = present if gpu == "auto" else resolve_gpu(gpu)
-    if wanted != present and not force:
-        _fail(f"--gpu names {wanted!r} but the device present is {present!r}; pass --force to time "
-              f"{wanted!r}'s table here anyway (its timings are labelled {present!r})")
-    return present
+    try:
+        sweep_mod.resolve_table_gpu(gpu, backend, force)
+    except sweep_mod.GpuMismatch as err:
+        _fail(f"--gpu names {err.requested!r} but the device present is {err.present!r}; pass --force to "
+              f"time {err.requested!r}'s table here anyway (its timings are labelled {err.present!r})")
+    return sweep_mod.present_device_name(backend)
 
 
 def _load_table(table: str | None, gpu: str | None):

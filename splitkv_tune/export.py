@@ -26,11 +26,9 @@ import pandas as pd
 
 from splitkv_tune import __version__, tunables
 from splitkv_tune.gpus import device_names as profile_device_names
-from splitkv_tune.analytic import residency
 from splitkv_tune.gpus import GpuProfile
-from splitkv_tune.selector import (NEIGHBOURS, Q, SK_DROP_BITS, WAVE_ROUNDING_FROM, HeuristicTable, _profiles,
-                                   fits_block_kv)
-from splitkv_tune.tunables import Shape
+from splitkv_tune.interpolation import Q, WAVE_ROUNDING_FROM, fits_block_kv, wave_slots
+from splitkv_tune.selector import NEIGHBOURS, SK_DROP_BITS, HeuristicTable, _profiles
 from splitkv_tune.table_schema import (HEURISTICS_COLUMNS, NAME_RE, SCHEMA_VERSION, SHAPE_COLUMNS,
                                        TableError, keep_gpu, read_heuristics, validate_heuristics)
 
@@ -94,14 +92,13 @@ def lookup_constants(profile: GpuProfile | None, fallback: GpuProfile, head_dim:
     selector decides"), for one GPU (``profile``: None when unknown; ``fallback``: the profile
     the waves use) and head dim."""
     tiles = sorted({tunables.block_m_for(16), tunables.block_m_for(17)})
-    fits = {bm: fits_block_kv(Shape("bf16", head_dim, 1, bm, 1, 1, 1), profile) for bm in tiles}
     return {"neighbours": NEIGHBOURS, "log2_fraction_bits": Q, "sk_drop_bits": SK_DROP_BITS,
             "max_splits": tunables.MAX_SPLITS, "block_kv": list(tunables.BLOCK_KV),
             "block_m": {"rows_le_16": tunables.block_m_for(16), "otherwise": tunables.block_m_for(17)},
             "wave_rounding_from": WAVE_ROUNDING_FROM,
-            "wave_slots": {str(bm): {str(b): fallback.sms * residency(head_dim, b, bm, fallback)
-                                     for b in tunables.BLOCK_KV} for bm in tiles},
-            "block_kv_fits": {str(bm): {str(b): fit for b, fit in zip(tunables.BLOCK_KV, fits[bm])}
+            "wave_slots": {str(bm): dict(zip(map(str, tunables.BLOCK_KV), wave_slots(head_dim, bm, fallback)))
+                           for bm in tiles},
+            "block_kv_fits": {str(bm): dict(zip(map(str, tunables.BLOCK_KV), fits_block_kv(head_dim, bm, profile)))
                               for bm in tiles}}
 
 

@@ -17,7 +17,8 @@ from splitkv_tune.analytic import MODEL, CostModel
 from splitkv_tune.export import _safe
 from splitkv_tune.gpus import aliases_of, normalize_gpu_name
 from splitkv_tune.paths import kernel_include_dir
-from splitkv_tune.selector import NEIGHBOURS, Q, SK_DROP_BITS, WAVE_ROUNDING_FROM, HeuristicTable, _profiles, log2_q16
+from splitkv_tune.interpolation import Q, WAVE_ROUNDING_FROM, log2_q16
+from splitkv_tune.selector import NEIGHBOURS, SK_DROP_BITS, HeuristicTable, _profiles
 from splitkv_tune.table_schema import MAX_DIM, SCHEMA_VERSION, TableError
 
 # The header's C++ text, with @NAME@ placeholders that _fill replaces.

@@ -18,9 +18,9 @@ import math
 
 from splitkv_tune import tunables
 from splitkv_tune.analytic import analytic_configs
-from splitkv_tune.selector import (DTYPE_CODES, NEIGHBOURS, Q, SK_DROP_BITS, WAVE_ROUNDING_FROM, HeuristicTable,
-                                   _finalize, _work, check_domain, class_rows, fits_block_kv, log2_q16,
-                                   profiles_for, sk_coord, wave_slots)
+from splitkv_tune.interpolation import Q, WAVE_ROUNDING_FROM, fits_block_kv, log2_q16, wave_slots
+from splitkv_tune.selector import (DTYPE_CODES, NEIGHBOURS, SK_DROP_BITS, HeuristicTable, _finalize, _work,
+                                   check_domain, class_rows, profiles_for, sk_coord)
 from splitkv_tune.table_schema import MAX_DIM
 from splitkv_tune.tunables import Config, Shape, ceil_div
 
@@ -49,7 +49,7 @@ def _split_logs():
 
 
 def log2_q16_array(x):
-    """``selector.log2_q16`` of each element of an int64 array (elements in ``[1, 2**52]``)."""
+    """``interpolation.log2_q16`` of each element of an int64 array (elements in ``[1, 2**52]``)."""
     import numpy as np
     x = np.asarray(x, dtype=np.int64)
     n = np.frexp(x.astype(np.float64))[1].astype(np.int64) - 1  # exact below 2**53
@@ -64,7 +64,7 @@ def log2_q16_array(x):
 
 
 def nearest_counts(target):
-    """``selector.nearest_count`` of each element of an int64 array."""
+    """``interpolation.nearest_count`` of each element of an int64 array."""
     import numpy as np
     target = np.asarray(target, dtype=np.int64)
     e = np.clip(target >> Q, 0, 40)
@@ -82,7 +82,7 @@ def _interpolated_configs(table: HeuristicTable, cands, shape: Shape, coords, pr
     """Per bucket coordinate: (nearest row index, whether it is at distance 0, block_kv index,
     S before the cap), as ``selector._interpolate`` computes them."""
     import numpy as np
-    _, w, (x0, _, x2) = _work(shape)
+    bm, w, (x0, _, x2) = _work(shape)
     index = np.array([i for i, _ in cands], dtype=np.int64)
     fixed = np.array([abs(x0 - c[0]) + abs(x2 - c[2]) for _, c in cands], dtype=np.int64)
     row_sk = np.array([c[1] for _, c in cands], dtype=np.int64)
@@ -115,13 +115,13 @@ def _interpolated_configs(table: HeuristicTable, cands, shape: Shape, coords, pr
     sums = [(wt * p).sum(axis=1) for p in part]
     den = wt.sum(axis=1)
     scores = np.where(den > 0, sums[0] // np.maximum(den, 1), np.iinfo(np.int64).max)
-    fit = np.array(fits_block_kv(shape, profile))
+    fit = np.array(fits_block_kv(shape.head_dim, bm, profile))
     fitted = np.where(fit[None, :], scores, np.iinfo(np.int64).max)
     none_fit = (fitted == np.iinfo(np.int64).max).all(axis=1)
     scores = np.where(none_fit[:, None], scores, fitted)
     # The least score, ties to the larger block: argmin over the blocks in reverse.
     j = nb - 1 - np.argmin(scores[:, ::-1], axis=1)
-    slots = np.array(wave_slots(shape, fallback), dtype=np.int64)[j]
+    slots = np.array(wave_slots(shape.head_dim, bm, fallback), dtype=np.int64)[j]
     pick = np.arange(len(j))
     log_waves = sums[1][pick, j] // den[pick, j] - log2_q16_array(slots)
     # Whole waves: any n of at least n_cap waves gives S >= MAX_SPLITS, so the search stops there.

@@ -46,23 +46,23 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 import sys
 from pathlib import Path
 
 from splitkv_tune import tunables
 from splitkv_tune.analytic import (GENERIC_PROFILE, MODEL, CostModel, analytic_config,  # noqa: F401
-                                   analytic_cost_ns, residency)
+                                   analytic_cost_ns)
 from splitkv_tune.gpus import GpuProfile, profile_for, resolve_gpu
+from splitkv_tune.interpolation import (Q, choose_block_kv, fits_block_kv, log2_q16, row_votes, splits_from_waves,
+                                        wave_slots)
 from splitkv_tune.paths import data_dir
-from splitkv_tune.table_schema import MAX_DIM, PER_BLOCK_KV_COLUMNS, SHAPE_COLUMNS, TableError
+from splitkv_tune.table_schema import MAX_DIM, SHAPE_COLUMNS, TableError
 from splitkv_tune.tunables import Config, Shape, block_m_for, ceil_div, smem_bytes
 
 TABLES_ENV = "SPLITKV_TUNE_TABLES"
 RESULTS_DIR = data_dir("results")
 NEIGHBOURS = 4
-Q = 16  # fractional bits of the fixed-point log2
 SK_DROP_BITS = 10  # Sk's log2 is rounded down to 2**(SK_DROP_BITS - Q) octave (1/64)
 DTYPE_CODES = tunables.dtype_codes()
 
@@ -75,23 +75,6 @@ class Selection:
     reason: str
     kind: str
     rows: tuple = ()
-
-
-def log2_q16(x: int) -> int:
-    """``log2(x)`` in fixed point with 16 fractional bits, integers only (as in the C++ header).
-
-    >>> log2_q16(1), log2_q16(2), log2_q16(4096), log2_q16(3)
-    (0, 65536, 786432, 103872)
-    """
-    n = x.bit_length() - 1
-    y = x << (30 - n) if n <= 30 else x >> (n - 30)
-    r = n << Q
-    for i in range(Q - 1, -1, -1):
-        y = (y * y) >> 30
-        if y >= 1 << 31:
-            y >>= 1
-            r |= 1 << i
-    return r
 
 
 def sk_coord(kv_len: int) -> int:
@@ -150,64 +133,6 @@ def _work(shape: Shape) -> tuple[int, int, tuple[int, int, int]]:
     bh = shape.batch * shape.kv_heads
     return (block_m_for(rows), bh * tunables.num_m_blocks(shape),
             (log2_q16(bh), sk_coord(shape.kv_len), log2_q16(rows)))
-
-
-def time_ns(us: float) -> int:
-    """A table time in whole nanoseconds (at least 1): ``floor(us * 1000 + 0.5)``."""
-    return max(1, math.floor(us * 1000 + 0.5))
-
-
-def row_votes(rec: dict, cfg: Config, ctas_per_split: int) -> tuple:
-    """What a table row tells the interpolation about each ``block_kv`` b (``tunables.BLOCK_KV``
-    order): ``(log2_q16(its fastest time at b) - log2_q16(its fastest time), log2_q16(that
-    trial's S * ctas_per_split))`` from the ``best_us_kv<b>`` / ``best_splits_kv<b>`` columns
-    (times in :func:`time_ns`), ``None`` for a b it did not time. A row without those columns
-    (an older table) knows only its winner: ``(0, log2_q16(S * ctas_per_split))`` at its b.
-    """
-    def given(value):  # a validated frame's records hold NaN where the CSV cell was empty
-        return None if value is None or value != value else value
-
-    timed = [(given(rec.get(us)), given(rec.get(splits))) for us, splits in PER_BLOCK_KV_COLUMNS]
-    if all(t is None for t, _ in timed):
-        timed = [(1.0, cfg.num_splits) if b == cfg.block_kv else (None, None) for b in tunables.BLOCK_KV]
-    fastest = log2_q16(min(time_ns(t) for t, _ in timed if t is not None))
-    return tuple(None if t is None else (log2_q16(time_ns(t)) - fastest, log2_q16(int(sp) * ctas_per_split))
-                 for t, sp in timed)
-
-
-def nearest_count(target: int) -> int:
-    """The whole number of waves for a fixed-point ``target``: the largest n >= 1 with
-    ``log2_q16(n) <= target``, or n + 1 when its ``log2_q16`` is nearer (ties: n); at most
-    ``2**41 - 1``. (Above ``2**16`` neighbouring integers can share a ``log2_q16``: the largest
-    of such a run is the one taken.)
-
-    >>> nearest_count(log2_q16(3)), nearest_count(-5000), nearest_count(log2_q16(5) + 100)
-    (3, 1, 5)
-    """
-    if target <= 0:
-        return 1
-    e = min(target >> Q, 40)
-    lo, hi = 1 << e, (1 << (e + 1)) - 1  # the largest n with log2_q16(n) <= target is in here
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if log2_q16(mid) <= target else (lo, mid - 1)
-    if lo < 1 << 40 and log2_q16(lo + 1) - target < target - log2_q16(lo):
-        return lo + 1
-    return lo
-
-
-def choose_block_kv(scores: list) -> int:
-    """Index into ``tunables.BLOCK_KV`` of the least score (``None``: not a candidate); ties
-    go to the larger block."""
-    best = None
-    for j, score in enumerate(scores):
-        if score is not None and (best is None or score <= scores[best]):
-            best = j
-    return best
-
-
-# log2_q16(3/4): from three quarters of a wave on, the interpolated S fills whole waves.
-WAVE_ROUNDING_FROM = log2_q16(3) - (2 << Q)
 
 
 class HeuristicTable:
@@ -302,37 +227,8 @@ def class_rows(table: HeuristicTable | None, shape: Shape) -> list:
     return rows if len(rows) >= NEIGHBOURS else []
 
 
-def fits_block_kv(shape: Shape, profile) -> list[bool]:
-    """Per ``tunables.BLOCK_KV``: whether the interpolation may choose it (the smallest always;
-    the others when the profile is unknown or their shared memory fits its per-block limit)."""
-    bm = block_m_for(shape.packed_rows)
-    return [j == 0 or profile is None or smem_bytes(shape.head_dim, b, bm) <= profile.smem_per_block
-            for j, b in enumerate(tunables.BLOCK_KV)]
-
-
-def wave_slots(shape: Shape, fallback: GpuProfile) -> list[int]:
-    """Per ``tunables.BLOCK_KV``: CTAs one wave of the split kernel holds on the GPU,
-    ``SMs * analytic.residency``."""
-    bm = block_m_for(shape.packed_rows)
-    return [fallback.sms * residency(shape.head_dim, b, bm, fallback) for b in tunables.BLOCK_KV]
-
-
-def splits_from_waves(log_waves: int, slots: int, ctas_per_split: int) -> int:
-    """S before the cap for a wave count in fixed point: at ``WAVE_ROUNDING_FROM`` waves or
-    more, whole waves (:func:`nearest_count`) times ``slots`` CTAs over the shape's CTAs a
-    split; below, the S nearest in log2 to that many waves' CTAs (ties: the smaller)."""
-    if log_waves >= WAVE_ROUNDING_FROM:
-        return max(1, nearest_count(log_waves) * slots // ctas_per_split)
-    target = log_waves + log2_q16(slots) - log2_q16(ctas_per_split)
-    best = 1
-    for s in range(2, tunables.MAX_SPLITS + 1):
-        if abs(log2_q16(s) - target) < abs(log2_q16(best) - target):
-            best = s
-    return best
-
-
 def _interpolate(table: HeuristicTable, shape: Shape, profile, fallback) -> Selection | None:
-    _, w, coords = _work(shape)
+    bm, w, coords = _work(shape)
     cands = class_rows(table, shape)
     if not cands:
         return None
@@ -350,13 +246,13 @@ def _interpolate(table: HeuristicTable, shape: Shape, profile, fallback) -> Sele
         pairs = [(wt, table.votes[i][j][part]) for wt, i in zip(weights, rows) if table.votes[i][j]]
         return sum(wt * v for wt, v in pairs), sum(wt for wt, _ in pairs)
 
-    fits = fits_block_kv(shape, profile)
+    fits = fits_block_kv(shape.head_dim, bm, profile)
     sums = [weighted(j, 0) for j in range(len(tunables.BLOCK_KV))]
     scores = [num // den if den and fit else None for (num, den), fit in zip(sums, fits)]
     if all(score is None for score in scores):  # every timed block is too large here
         scores = [num // den if den else None for num, den in sums]
     j = choose_block_kv(scores)
-    slots = wave_slots(shape, fallback)[j]
+    slots = wave_slots(shape.head_dim, bm, fallback)[j]
     num, den = weighted(j, 1)
     log_waves = num // den - log2_q16(slots)
     base = table.rows[i0][1]

@@ -197,14 +197,14 @@ def records_frame(records: list[dict], columns: list[str]):
     import pandas as pd
     out = pd.DataFrame.from_records(records, columns=columns)
     for col in columns:
-        values = [r[col] for r in records if not _missing(r[col])]
+        values = [r[col] for r in records if not missing_cell(r[col])]
         if len(values) < len(records) and values and all(isinstance(v, int) and not isinstance(v, bool)
                                                          for v in values):
             out[col] = out[col].astype("Int64")
     return out
 
 
-def _missing(value) -> bool:
+def missing_cell(value) -> bool:
     """An empty cell: ``None`` in plain records; NaN or pandas' NA in a validated frame's."""
     return value is None or type(value).__name__ == "NAType" or (isinstance(value, float) and math.isnan(value))
 
@@ -224,12 +224,12 @@ def _check_heuristics_records(records: list[dict], source) -> None:
                                      "and shape as an earlier row)")
         seen.add(key)
         for us, splits in PER_BLOCK_KV_COLUMNS:
-            if _missing(r.get(us)) != _missing(r.get(splits)):
+            if missing_cell(r.get(us)) != missing_cell(r.get(splits)):
                 raise TableError(source, f"row {i + 1} (line {i + 2}): {us} and {splits} go "
                                          "together (both empty, or both given)")
-            if not _missing(r.get(us)) and r[us] <= 0:
+            if not missing_cell(r.get(us)) and r[us] <= 0:
                 raise TableError(source, f"row {i + 1} (line {i + 2}): {us} must be > 0, got {r[us]}")
-        given = [b for b, (us, _) in zip(tunables.BLOCK_KV, PER_BLOCK_KV_COLUMNS) if not _missing(r.get(us))]
+        given = [b for b, (us, _) in zip(tunables.BLOCK_KV, PER_BLOCK_KV_COLUMNS) if not missing_cell(r.get(us))]
         if given and r["block_kv"] not in given:
             raise TableError(source, f"row {i + 1} (line {i + 2}): best_us_kv{r['block_kv']} is empty, but the "
                                      f"row's winner ran block_kv {r['block_kv']} (the per-block_kv columns give "

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from splitkv_tune import lookup, selector, tunables
+from splitkv_tune import interpolation, lookup, selector, tunables
 from splitkv_tune.export_cpp import export_cpp_header
 from splitkv_tune.selector import HeuristicTable, select_shape
 from splitkv_tune.table_schema import read_heuristics
@@ -91,7 +91,7 @@ def test_header_fallback_matches_the_python_one(tmp_path, gpu):
         want.append(f"{c.num_splits} {c.block_kv} {c.reduce_threads} "
                     f"{SPLIT_POLICIES.index(c.split_policy)} {KINDS['fallback']}")
     want += [str(selector.sk_bucket_start(sk)) for sk in sks if sk <= 2**31 - 1]
-    want += [str(selector.log2_q16(x)) for x in xs]
+    want += [str(interpolation.log2_q16(x)) for x in xs]
     assert len(got) == len(want)
     mismatches = [(w, g) for w, g in zip(want, got) if w != g]
     assert not mismatches, mismatches[:5]

@@ -5,7 +5,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from splitkv_tune import evaluation, lookup, selector, tunables
+from splitkv_tune import evaluation, interpolation, lookup, selector, tunables
 from splitkv_tune.evaluation import evaluate_trials, fallback_vs_fa2, shape_of
 from splitkv_tune.gpus import profile_for
 from splitkv_tune.selector import (HeuristicTable, auto_config, load_table_for_gpu, select_config,
@@ -302,7 +302,7 @@ def _per_block_kv_table(splits_at_64: int):
 
 def test_interpolation_takes_the_block_the_neighbours_ran_fastest_and_fills_whole_waves():
     shape = Shape("bf16", 128, 1, 32, 8, 1, 6000)
-    slots = selector.wave_slots(shape, profile_for("h200"))[tunables.BLOCK_KV.index(64)]
+    slots = interpolation.wave_slots(128, 16, profile_for("h200"))[tunables.BLOCK_KV.index(64)]
     ctas_per_split = 8  # B * Hkv * one query tile
     # The neighbours ran about one wave at block_kv 64: S fills one whole wave here too.
     sel = selector.select_shape(_per_block_kv_table(slots // ctas_per_split), shape, "h200")
@@ -319,11 +319,11 @@ def test_interpolation_takes_the_block_the_neighbours_ran_fastest_and_fills_whol
 
 def test_nearest_count_rounds_a_wave_count_in_log2():
     from splitkv_tune.lookup import nearest_counts
-    targets = [-70000, 0, 1, 30000, 65536, 103872, 131072, 150000, selector.log2_q16(1000) + 7,
+    targets = [-70000, 0, 1, 30000, 65536, 103872, 131072, 150000, interpolation.log2_q16(1000) + 7,
                41 << 16, 60 << 16]
-    want = [min(range(1, 2000), key=lambda n: (abs(selector.log2_q16(n) - t), n)) if t < (11 << 16)
+    want = [min(range(1, 2000), key=lambda n: (abs(interpolation.log2_q16(n) - t), n)) if t < (11 << 16)
             else None for t in targets]
-    got = [selector.nearest_count(t) for t in targets]
+    got = [interpolation.nearest_count(t) for t in targets]
     assert [g for g, w in zip(got, want) if w is not None] == [w for w in want if w is not None]
     assert got[-2:] == [(1 << 41) - 1, (1 << 41) - 1]
     assert nearest_counts(targets).tolist() == got

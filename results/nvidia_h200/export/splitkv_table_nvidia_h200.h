@@ -756,7 +756,7 @@ struct Row {
   std::int64_t batch, q_heads, kv_heads, q_len, kv_len;
   Config config;
   // derived, per kBlockKv (-1: not timed there): log2_q16 of the fastest time there over the
-  // fastest time anywhere (ns), and log2_q16 of that trial's S * B*Hkv * m_blocks (selector.row_votes)
+  // fastest time anywhere (ns), and log2_q16 of that trial's S * B*Hkv * m_blocks (interpolation.row_votes)
   std::int64_t vote_time[3], vote_ctas[3];
 };
 
@@ -2108,7 +2108,7 @@ inline std::int64_t min64(std::int64_t a, std::int64_t b) { return a < b ? a : b
 inline std::int64_t max64(std::int64_t a, std::int64_t b) { return a > b ? a : b; }
 inline std::int64_t abs64(std::int64_t a) { return a < 0 ? -a : a; }
 
-// log2(x) for x >= 1 in fixed point with 16 fractional bits (selector.log2_q16), its fraction
+// log2(x) for x >= 1 in fixed point with 16 fractional bits (interpolation.log2_q16), its fraction
 // computed down to bit `lowest` (each bit depends only on the ones above it; those below stay 0).
 inline std::int64_t log2_q16(std::uint64_t x, int lowest = 0) {
   int n = 0;  // the highest set bit
@@ -2235,7 +2235,7 @@ inline Config finalize(Config c, const Shape& s, bool check_smem, std::int64_t s
   return c;
 }
 
-// The whole number of waves for a fixed-point target (selector.nearest_count): the largest
+// The whole number of waves for a fixed-point target (interpolation.nearest_count): the largest
 // n >= 1 with log2_q16(n) <= target, or n + 1 when its log2_q16 is nearer (ties: n).
 inline std::int64_t nearest_count(std::int64_t target) {
   if (target <= 0) return 1;
@@ -2335,8 +2335,9 @@ inline bool select_config(int dtype, int head_dim, std::int64_t batch, std::int6
   // timed it; ties to the larger block), among the blocks that fit (all, when none does).
   std::int64_t wt[4], time_sum[kNumBlockKv], ctas_sum[kNumBlockKv], den[kNumBlockKv];
   for (int j = 0; j < n; ++j) wt[j] = (std::int64_t{1} << 32) / nd[j];
-  bool any_fits = false;
+  bool fits[kNumBlockKv], any_fits = false;
   for (int b = 0; b < kNumBlockKv; ++b) {
+    fits[b] = b == 0 || !kProfileKnown || smem_bytes(head_dim, kBlockKv[b], bm) <= kSmemPerBlock;
     time_sum[b] = ctas_sum[b] = den[b] = 0;
     for (int j = 0; j < n; ++j) {
       const Row& r = kRows[ni[j]];
@@ -2345,13 +2346,12 @@ inline bool select_config(int dtype, int head_dim, std::int64_t batch, std::int6
       ctas_sum[b] += wt[j] * r.vote_ctas[b];
       den[b] += wt[j];
     }
-    any_fits = any_fits || (den[b] > 0 && (b == 0 || !kProfileKnown || smem_bytes(head_dim, kBlockKv[b], bm) <= kSmemPerBlock));
+    any_fits = any_fits || (den[b] > 0 && fits[b]);
   }
   int pick = -1;
   std::int64_t least = 0;
   for (int b = 0; b < kNumBlockKv; ++b) {
-    const bool fits = b == 0 || !kProfileKnown || smem_bytes(head_dim, kBlockKv[b], bm) <= kSmemPerBlock;
-    if (den[b] == 0 || (any_fits && !fits)) continue;
+    if (den[b] == 0 || (any_fits && !fits[b])) continue;
     const std::int64_t score = time_sum[b] / den[b];
     if (pick < 0 || score <= least) { pick = b; least = score; }
   }
