@@ -95,7 +95,7 @@ def lookup_constants(profile: GpuProfile | None, fallback: GpuProfile, head_dim:
     return {"neighbours": NEIGHBOURS, "log2_fraction_bits": Q, "sk_drop_bits": SK_DROP_BITS,
             "max_splits": tunables.MAX_SPLITS, "block_kv": list(tunables.BLOCK_KV),
             "block_m": {"rows_le_16": tunables.block_m_for(16), "otherwise": tunables.block_m_for(17)},
-            "wave_rounding_from": WAVE_ROUNDING_FROM,
+            "wave_rounding_from": WAVE_ROUNDING_FROM, "finest_split_cap": True,
             "wave_slots": {str(bm): dict(zip(map(str, tunables.BLOCK_KV), wave_slots(head_dim, bm, fallback)))
                            for bm in tiles},
             "block_kv_fits": {str(bm): dict(zip(map(str, tunables.BLOCK_KV), fits_block_kv(head_dim, bm, profile)))

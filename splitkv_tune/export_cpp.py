@@ -79,7 +79,7 @@ def _render_namespace(table: HeuristicTable, model: CostModel) -> str:
         _safe(cfg.split_policy)
         conf = f"{{{cfg.num_splits}, {cfg.block_kv}, {cfg.reduce_threads}, {pol[cfg.split_policy]}}}"
         votes = ["{" + ", ".join(str(-1 if v is None else int(v[part])) for v in table.votes[idx]) + "}"
-                 for part in (0, 1)]
+                 for part in (0, 1, 2)]
         rows.append("  {" + ", ".join(str(int(v)) for v in key) + f", {conf}, " + ", ".join(votes)
                     + f"}},  // #{idx + 1}")
     classes, class_rows, class_coords = [], [], []

@@ -42,17 +42,33 @@ def time_ns(us: float) -> int:
 def row_votes(rec: dict, cfg: Config, ctas_per_split: int) -> tuple:
     """What a table row tells the interpolation about each ``block_kv`` b (``tunables.BLOCK_KV``
     order): ``(log2_q16(its fastest time at b) - log2_q16(its fastest time), log2_q16(that
-    trial's S * ctas_per_split))`` from the ``best_us_kv<b>`` / ``best_splits_kv<b>`` columns
-    (times in :func:`time_ns`), ``None`` for a b it did not time. A row without those columns
-    (an older table) knows only its winner: ``(0, log2_q16(S * ctas_per_split))`` at its b.
+    trial's S * ctas_per_split), that S)`` from the ``best_us_kv<b>`` / ``best_splits_kv<b>``
+    columns (times in :func:`time_ns`), ``None`` for a b it did not time. A row without those
+    columns (an older table) knows only its winner: ``(0, log2_q16(S * ctas_per_split), S)`` at
+    its b.
     """
     timed = [(None, None) if missing_cell(rec.get(us)) else (rec[us], rec[splits])
              for us, splits in PER_BLOCK_KV_COLUMNS]
     if all(t is None for t, _ in timed):
         timed = [(1.0, cfg.num_splits) if b == cfg.block_kv else (None, None) for b in tunables.BLOCK_KV]
     fastest = log2_q16(min(time_ns(t) for t, _ in timed if t is not None))
-    return tuple(None if t is None else (log2_q16(time_ns(t)) - fastest, log2_q16(int(sp) * ctas_per_split))
+    return tuple(None if t is None else (log2_q16(time_ns(t)) - fastest, log2_q16(int(sp) * ctas_per_split), int(sp))
                  for t, sp in timed)
+
+
+def finest_split_cap(bucket_kv_len: int, neighbour_splits) -> int:
+    """The interpolated S's ceiling: no more splits than keep ``bucket_kv_len`` (the first Sk of
+    the shape's bucket) at the keys per split of the finest-split neighbour,
+    ``max(1, floor(bucket_kv_len * S_i / Sk_i))`` at its largest over ``(S_i, Sk_i)`` pairs. Waves carried
+    over from rows of larger B*Hkv would otherwise split a small batch into slivers (B = 1,
+    Hkv = 1, Sk = 50000 from GQA-8 rows of 4 KV heads: S = 121 where 44 ran 15% faster).
+
+    >>> finest_split_cap(50000, [(29, 65536), (29, 32768), (16, 65536)])
+    44
+    >>> finest_split_cap(100, [(4, 65536)])
+    1
+    """
+    return max(1, max(bucket_kv_len * s // sk for s, sk in neighbour_splits))
 
 
 def nearest_count(target: int) -> int:

@@ -78,9 +78,10 @@ def nearest_counts(target):
     return np.where(target <= 0, 1, np.where(above, lo + 1, lo))
 
 
-def _interpolated_configs(table: HeuristicTable, cands, shape: Shape, coords, profile, fallback):
-    """Per bucket coordinate: (nearest row index, whether it is at distance 0, block_kv index,
-    S before the cap), as ``selector._interpolate`` computes them."""
+def _interpolated_configs(table: HeuristicTable, cands, shape: Shape, starts, coords, profile, fallback):
+    """Per bucket (its first Sk and its coordinate): (nearest row index, whether it is at
+    distance 0, block_kv index, S before the final cap), as ``selector._interpolate`` computes
+    them."""
     import numpy as np
     bm, w, (x0, _, x2) = _work(shape)
     index = np.array([i for i, _ in cands], dtype=np.int64)
@@ -110,9 +111,9 @@ def _interpolated_configs(table: HeuristicTable, cands, shape: Shape, coords, pr
     nb = len(tunables.BLOCK_KV)
     has = np.array([[table.votes[i][j] is not None for j in range(nb)] for i in index.tolist()])[near]
     part = [np.array([[v[which] if v else 0 for v in table.votes[i]] for i in index.tolist()],
-                     dtype=np.int64)[near] for which in (0, 1)]
+                     dtype=np.int64)[near] for which in (0, 1, 2)]
     wt = weights[:, :, None] * has  # (buckets, K, blocks)
-    sums = [(wt * p).sum(axis=1) for p in part]
+    sums = [(wt * p).sum(axis=1) for p in part[:2]]
     den = wt.sum(axis=1)
     scores = np.where(den > 0, sums[0] // np.maximum(den, 1), np.iinfo(np.int64).max)
     fit = np.array(fits_block_kv(shape.head_dim, bm, profile))
@@ -131,7 +132,11 @@ def _interpolated_configs(table: HeuristicTable, cands, shape: Shape, coords, pr
     target = log_waves + log2_q16_array(slots) - log2_q16(w)
     nearest = np.abs(_split_logs()[None, :] - target[:, None]).argmin(axis=1) + 1
     splits = np.where(log_waves >= WAVE_ROUNDING_FROM, whole, nearest)
-    return index[near[:, 0]], d[:, 0] == 0, j, splits
+    # interpolation.finest_split_cap over the neighbours that timed the chosen block.
+    row_sk = np.array([table.rows[i][0][7] for i in index.tolist()], dtype=np.int64)[near]
+    keys = np.asarray(starts, dtype=np.int64)[:, None] * part[2][pick, :, j] // row_sk
+    cap = np.maximum(1, np.where(has[pick, :, j], keys, 0).max(axis=1))
+    return index[near[:, 0]], d[:, 0] == 0, j, np.minimum(splits, cap)
 
 
 class KvLenLookup:
@@ -146,7 +151,8 @@ class KvLenLookup:
         cands = class_rows(table, shape)
         widest = dataclasses.replace(shape, kv_len=MAX_DIM)  # _finalize without the S cap
         if cands:
-            near, zero, blocks, splits = _interpolated_configs(table, cands, shape, coords, profile, fallback)
+            near, zero, blocks, splits = _interpolated_configs(table, cands, shape, starts, coords, profile,
+                                                               fallback)
             # A bucket's answer: its nearest row's config as it is at distance 0, else with the
             # interpolated block_kv and S; segments first, Config objects once per segment.
             answers = [(i, None) if z else (i, (tunables.BLOCK_KV[j], s)) for i, z, j, s in

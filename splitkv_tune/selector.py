@@ -28,7 +28,10 @@ the same integer arithmetic, so both choose identically):
      waves. From 3/4 of a wave on (``WAVE_ROUNDING_FROM``), ``S = n * slots // C`` of this shape
      with ``n`` the whole number of waves nearest in log2 (:func:`nearest_count`); below, the
      ``S`` in ``[1, 128]`` nearest in log2 to ``log2 W + log2 slots - log2 C`` (ties ->
-     smaller S). ``reduce_threads`` and ``split_policy`` are the nearest row's. Logs are fixed
+     smaller S). That ``S`` is at most the finest-split neighbour's keys per split allow at the
+     first ``Sk`` of the shape's bucket (:func:`interpolation.finest_split_cap`): waves carried
+     from rows of more KV heads would otherwise cut a small batch into slivers.
+     ``reduce_threads`` and ``split_policy`` are the nearest row's. Logs are fixed
      point (16 fractional bits) computed with integers only; every division of the rule is a
      floor of non-negative integers.
 3. **Analytic fallback** (fewer than K table rows for that dtype/head_dim/causal/tile height): over
@@ -54,8 +57,8 @@ from splitkv_tune import tunables
 from splitkv_tune.analytic import (GENERIC_PROFILE, MODEL, CostModel, analytic_config,  # noqa: F401
                                    analytic_cost_ns)
 from splitkv_tune.gpus import GpuProfile, profile_for, resolve_gpu
-from splitkv_tune.interpolation import (Q, choose_block_kv, fits_block_kv, log2_q16, row_votes, splits_from_waves,
-                                        wave_slots)
+from splitkv_tune.interpolation import (Q, choose_block_kv, finest_split_cap, fits_block_kv, log2_q16, row_votes,
+                                        splits_from_waves, wave_slots)
 from splitkv_tune.paths import data_dir
 from splitkv_tune.table_schema import MAX_DIM, SHAPE_COLUMNS, TableError
 from splitkv_tune.tunables import Config, Shape, block_m_for, ceil_div, smem_bytes
@@ -256,11 +259,14 @@ def _interpolate(table: HeuristicTable, shape: Shape, profile, fallback) -> Sele
     num, den = weighted(j, 1)
     log_waves = num // den - log2_q16(slots)
     base = table.rows[i0][1]
-    cfg = Config(splits_from_waves(log_waves, slots, w), tunables.BLOCK_KV[j],
-                 base.reduce_threads, base.split_policy)
+    splits = splits_from_waves(log_waves, slots, w)
+    cap = finest_split_cap(sk_bucket_start(shape.kv_len),
+                           [(table.votes[i][j][2], table.rows[i][0][7]) for i in rows if table.votes[i][j]])
+    cfg = Config(min(splits, cap), tunables.BLOCK_KV[j], base.reduce_threads, base.split_policy)
     reason = ("interpolated from rows " + ", ".join(_describe(table, i) for i in rows)
               + f": block_kv {tunables.BLOCK_KV[j]} (their least weighted time ratio), "
-              f"{(2 ** (log_waves / (1 << Q))):.2f} waves of {slots} CTAs")
+              f"{(2 ** (log_waves / (1 << Q))):.2f} waves of {slots} CTAs"
+              + (f", at most S={cap} (their finest split's keys per split)" if cap < splits else ""))
     return Selection(_finalize(cfg, shape, profile), reason, "interpolated", rows)
 
 

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from splitkv_tune.cli_tables import evaluate, export, plot, select
 from splitkv_tune.export import export_csv, export_json, load_json
 from splitkv_tune.export_cpp import export_cpp_header
-from splitkv_tune.selector import HeuristicTable, select_shape
+from splitkv_tune.lookup import KvLenLookup
+from splitkv_tune.selector import HeuristicTable, select_shape, sk_bucket_start
 from splitkv_tune.table_schema import TableError, read_heuristics
 from splitkv_tune.tunables import DTYPES, SPLIT_POLICIES, Shape
 
@@ -125,6 +126,30 @@ def test_cpp_header_takes_the_fallback_below_four_rows_of_a_class(tmp_path, rand
     assert got == want
     kinds = {(s.head_dim, w.split()[-1]) for s, w in zip(shapes, want) if w != "invalid"}
     assert (256, "2") in kinds and (96, "1") in kinds and (256, "1") not in kinds
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_the_finest_split_cap_is_the_same_in_python_the_lookup_and_the_header(tmp_path):
+    """GQA-8 rows of 4 KV heads carry their waves to one KV head, four times the splits: the cap
+    at the finest neighbour's keys per split binds, identically in the three implementations."""
+    base = {c: v for c, v in read_heuristics(HEURISTICS).iloc[0].to_dict().items()}
+    rows = [{**base, "dtype": "bf16", "head_dim": 128, "causal": 0, "batch": b, "q_heads": 32, "kv_heads": 4,
+             "q_len": 1, "kv_len": sk, "num_splits": s, "block_kv": 64, "best_us_kv32": None,
+             "best_splits_kv32": None, "best_us_kv64": 10.0, "best_splits_kv64": s, "best_us_kv128": None,
+             "best_splits_kv128": None, "runner_up_num_splits": None, "runner_up_block_kv": None,
+             "runner_up_reduce_threads": None, "runner_up_split_policy": None, "runner_up_us": None}
+            for b, sk, s in ((1, 32768, 29), (1, 65536, 29), (1, 131072, 28), (2, 65536, 16))]
+    table = HeuristicTable(pd.DataFrame(rows))
+    shapes = [Shape("bf16", 128, 1, 8, 1, 1, sk) for sk in (3000, 20000, 50000, 50001, 99999)]
+    sel = select_shape(table, shapes[2], "nvidia_h200")
+    start = sk_bucket_start(50000)
+    assert sel.config.num_splits == start * 29 // 32768 < 100 and "at most S=" in sel.reason
+    assert [KvLenLookup(shapes[0], table, "NVIDIA H200", None).config(s.kv_len) for s in shapes] == [
+        select_shape(table, s, "nvidia_h200").config for s in shapes]
+    exe = _compile(tmp_path, export_cpp_header(table, tmp_path / "out.h"), "gpu_nvidia_h200")
+    stdin = "".join(f"1 128 1 8 1 1 {s.kv_len} 0\n" for s in shapes)
+    got = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert got == [_python_answer(table, s, None) for s in shapes]
 
 
 def test_json_round_trip(tmp_path):
