@@ -28,7 +28,8 @@ class CostModel:
     launch_ns: int = 2000              # one kernel launch, ramp-up and tail
     tile_ns: int = 600                 # per CTA: Q tile load, pipeline fill, epilogue
     mem_latency_ns: int = 700          # DRAM latency of the combine's first loads
-    cta_stream_mbps: int = 42500       # bytes/µs one CTA streams (H200, 2026-11-29 sweeps)
+    cta_stream_mbps: int = 42500       # bytes/µs one CTA streams (H200, 2026-11-29 sweeps) ...
+    fitted_copy_bw_mbps: int = 4260000  # ... at the H200's copy bandwidth (cta_stream_rate)
     mma_flop_per_ns_per_sm: int = 2000  # achieved mma.sync throughput of one SM
     l2_speedup_pct: int = 250          # combine reading partials still in L2
     combine_split_ns: int = 15         # serial merge cost per split in the combine kernel
@@ -44,6 +45,19 @@ def residency(head_dim: int, block_kv: int, block_m: int, profile: GpuProfile) -
     shared memory allow, at least 1 (the registers as sm_90 builds use them, on every profile)."""
     return max(1, min(tunables.register_residency(head_dim, block_kv, block_m),
                       profile.smem_per_sm // smem_bytes(head_dim, block_kv, block_m)))
+
+
+def cta_stream_rate(profile: GpuProfile, model: CostModel = MODEL) -> int:
+    """Bytes/µs one CTA streams on ``profile``'s GPU: ``model.cta_stream_mbps``, read off the
+    H200, scaled by the GPU's copy bandwidth over the H200's. A CTA's rate is bound by the
+    latency of its loads in flight, which the DRAM's speed sets; held at the H200's rate on an
+    H100 (3.0 against 4.26 TB/s) the model rated splits too dear: its fallback regret on the
+    H100's 438 swept shapes is 6.76% unscaled, 4.31% scaled (docs/PERFORMANCE.md).
+
+    >>> cta_stream_rate(profile_for("h200")), cta_stream_rate(profile_for("h100"))
+    (42500, 29929)
+    """
+    return max(1, model.cta_stream_mbps * int(round(profile.copy_bw_gbps * 1000)) // model.fitted_copy_bw_mbps)
 
 
 def analytic_cost_ns(shape: Shape, num_splits: int, block_kv: int, profile: GpuProfile,
@@ -80,7 +94,7 @@ def analytic_cost_ns(shape: Shape, num_splits: int, block_kv: int, profile: GpuP
     slots = sms * residency(d, block_kv, bm, profile)
     # One CTA streams a KV block in a fixed per-block time plus its bytes at the CTA's peak rate.
     tile_bytes = block_kv * d * 4
-    cta_bw = tile_bytes * 1000 // (model.block_ns + tile_bytes * 1000 // model.cta_stream_mbps)
+    cta_bw = tile_bytes * 1000 // (model.block_ns + tile_bytes * 1000 // cta_stream_rate(profile, model))
 
     def wave(active: int) -> int:
         # CTAs sharing an SM share its issue rate; all share the DRAM bandwidth.
@@ -153,7 +167,7 @@ def analytic_configs(shape: Shape, kv_lens, profile: GpuProfile, model: CostMode
         cta_flops = 4 * bm * keys * d
         slots = sms * residency(d, bkv, bm, profile)
         tile_bytes = bkv * d * 4
-        cta_bw = tile_bytes * 1000 // (model.block_ns + tile_bytes * 1000 // model.cta_stream_mbps)
+        cta_bw = tile_bytes * 1000 // (model.block_ns + tile_bytes * 1000 // cta_stream_rate(profile, model))
 
         def wave(active):
             rate = np.minimum(cta_bw // ceil_div(active, sms), bw // active)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from splitkv_tune import __version__, tunables
-from splitkv_tune.analytic import MODEL, CostModel
+from splitkv_tune.analytic import MODEL, CostModel, cta_stream_rate
 from splitkv_tune.export import _safe
 from splitkv_tune.gpus import aliases_of, normalize_gpu_name
 from splitkv_tune.paths import kernel_include_dir
@@ -112,6 +112,7 @@ def _render_namespace(table: HeuristicTable, model: CostModel) -> str:
         "HEADDIM_CHECK": " && ".join(f"head_dim != {h}" for h in tunables.HEAD_DIMS),
     }
     subs.update({k: str(int(v)) for k, v in vars(model).items()})
+    subs["cta_stream_mbps"] = str(cta_stream_rate(fb, model))
     return _fill(_template("gpu_namespace"), subs)
 
 

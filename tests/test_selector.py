@@ -5,7 +5,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from splitkv_tune import evaluation, interpolation, lookup, selector, tunables
+from splitkv_tune import analytic, evaluation, interpolation, lookup, selector, tunables
 from splitkv_tune.evaluation import evaluate_trials, fallback_vs_fa2, shape_of
 from splitkv_tune.gpus import profile_for
 from splitkv_tune.selector import (HeuristicTable, auto_config, load_table_for_gpu, select_config,
@@ -174,6 +174,28 @@ def test_fallback_beats_fa2_on_measured_h200_trials(path):
     assert res["fallback"]["n"] == res["fa2"]["n"] >= 20
     assert res["fallback"]["geomean"] < res["fa2"]["geomean"]
     assert res["fallback"]["max"] <= res["fa2"]["max"]
+
+
+def test_the_fallback_rate_scaled_by_copy_bandwidth_chooses_better_on_measured_h100_trials():
+    """The fallback's per-CTA rate, read off the H200, scaled to the H100's copy bandwidth beats
+    the same rate unscaled on the H100's held-out shapes (every config timed, never in a table)."""
+    h100 = profile_for("h100")
+    unscaled = dataclasses.replace(analytic.MODEL, fitted_copy_bw_mbps=int(round(h100.copy_bw_gbps * 1000)))
+    assert analytic.cta_stream_rate(h100, unscaled) == analytic.MODEL.cta_stream_mbps
+    results = FIXTURES.parents[1] / "results" / "nvidia_h100"
+    trials = pd.concat([read_trials(results / f"{name}_models_trials.csv") for name in ("holdout", "confirm")])
+    ok = trials[trials["status"] == "ok"]
+    regrets = {"scaled": [], "unscaled": []}
+    for _, group in ok.groupby(list(evaluation.SHAPE_COLUMNS)):
+        shape = shape_of(group.iloc[0])
+        start = dataclasses.replace(shape, kv_len=selector.sk_bucket_start(shape.kv_len))
+        best = group["median_us"].min()
+        for name, model in (("scaled", analytic.MODEL), ("unscaled", unscaled)):
+            cfg = analytic.analytic_config(start, h100, model)
+            regrets[name].append(evaluation.config_time(group, cfg)[0] / best - 1)
+    scaled, plain = (evaluation.summarize(regrets[n]) for n in ("scaled", "unscaled"))
+    assert scaled["n"] == plain["n"] == 68
+    assert scaled["geomean"] < plain["geomean"] - 0.01
 
 
 def _tiny_grid(tmp_path, splits: str, max_time_s: float):

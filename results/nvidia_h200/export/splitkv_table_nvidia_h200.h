@@ -2087,7 +2087,9 @@ constexpr std::int64_t kSms = 132, kCopyBwMBps = 4260000, kL2Bytes = 62914560, k
 constexpr std::int64_t kLaunchNs = 2000, kTileNs = 600, kMemLatencyNs = 700,
     kMmaFlopPerNsPerSm = 2000,
     kL2SpeedupPct = 250, kCombineSplitNs = 15,
-    kBlockNs = 230, kCtaStreamMBps = 42500, kTiePct = 1;
+    kBlockNs = 230, kTiePct = 1;
+// Bytes/us one CTA streams at this profile's copy bandwidth (analytic.cta_stream_rate).
+constexpr std::int64_t kCtaStreamMBps = 42500;
 constexpr int kBlockKv[] = {32, 64, 128};
 constexpr int kNumBlockKv = 3;
 constexpr std::int64_t kMaxSplits = 128, kMaxDim = 2147483647;
