@@ -150,6 +150,7 @@ def analytic_configs(shape: Shape, kv_lens, profile: GpuProfile, model: CostMode
     splits = np.array(tunables.SPLIT_COUNTS, dtype=np.int64)[None, :]
     rows = min(bm, rows_all)
     sms, bw = profile.sms, int(round(profile.copy_bw_gbps * 1000))
+    stream = cta_stream_rate(profile, model)
     out = np.where(splits > 1, rows * (d + 2) * 4, rows * d * 2)
     ctas = shape.batch * shape.kv_heads * ceil_div(rows_all, bm) * splits
     ws = np.array([[tunables.workspace_bytes(shape, int(s)) for s in splits[0]]], dtype=np.int64)
@@ -167,7 +168,7 @@ def analytic_configs(shape: Shape, kv_lens, profile: GpuProfile, model: CostMode
         cta_flops = 4 * bm * keys * d
         slots = sms * residency(d, bkv, bm, profile)
         tile_bytes = bkv * d * 4
-        cta_bw = tile_bytes * 1000 // (model.block_ns + tile_bytes * 1000 // cta_stream_rate(profile, model))
+        cta_bw = tile_bytes * 1000 // (model.block_ns + tile_bytes * 1000 // stream)
 
         def wave(active):
             rate = np.minimum(cta_bw // ceil_div(active, sms), bw // active)

@@ -110,10 +110,12 @@ def _interpolated_configs(table: HeuristicTable, cands, shape: Shape, starts, co
     weights = (1 << 32) // np.maximum(d, 1)
     nb = len(tunables.BLOCK_KV)
     has = np.array([[table.votes[i][j] is not None for j in range(nb)] for i in index.tolist()])[near]
-    part = [np.array([[v[which] if v else 0 for v in table.votes[i]] for i in index.tolist()],
-                     dtype=np.int64)[near] for which in (0, 1, 2)]
-    wt = weights[:, :, None] * has  # (buckets, K, blocks)
-    sums = [(wt * p).sum(axis=1) for p in part[:2]]
+    # The neighbours' row_votes parts, each (buckets, K, blocks): time ratio, log2 CTAs, S.
+    time_votes, cta_votes, split_votes = (
+        np.array([[v[which] if v else 0 for v in table.votes[i]] for i in index.tolist()], dtype=np.int64)[near]
+        for which in (0, 1, 2))
+    wt = weights[:, :, None] * has
+    sums = [(wt * p).sum(axis=1) for p in (time_votes, cta_votes)]
     den = wt.sum(axis=1)
     scores = np.where(den > 0, sums[0] // np.maximum(den, 1), np.iinfo(np.int64).max)
     fit = np.array(fits_block_kv(shape.head_dim, bm, profile))
@@ -134,7 +136,7 @@ def _interpolated_configs(table: HeuristicTable, cands, shape: Shape, starts, co
     splits = np.where(log_waves >= WAVE_ROUNDING_FROM, whole, nearest)
     # interpolation.finest_split_cap over the neighbours that timed the chosen block.
     row_sk = np.array([table.rows[i][0][7] for i in index.tolist()], dtype=np.int64)[near]
-    keys = np.asarray(starts, dtype=np.int64)[:, None] * part[2][pick, :, j] // row_sk
+    keys = np.asarray(starts, dtype=np.int64)[:, None] * split_votes[pick, :, j] // row_sk
     cap = np.maximum(1, np.where(has[pick, :, j], keys, 0).max(axis=1))
     return index[near[:, 0]], d[:, 0] == 0, j, np.minimum(splits, cap)
 
