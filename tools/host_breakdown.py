@@ -3,7 +3,11 @@ key every call), every tunable given, the binding's one-crossing entry (`_C.atte
 launch alone with every argument resolved (`_C.forward`, with and without programmatic
 launch), a bare `torch.empty_like(q)`, a pybind call of one int (the crossing alone) and SDPA,
 each timed as `eager_timing` times host cost (64 calls queued behind a GPU sleep; median, p20
-and p80 of 200 samples). On a GPU host with the extension built:
+and p80 of 200 samples). A sample is host time only while the GPU is still sleeping when its
+64th call returns; "busy" is the share of samples where it was (below 100%, that row's figures
+include GPU time). At Sq = 4 the call with every tunable given launches the combine kernel as
+well; the row with `merge="fused"` is the same call in one launch. On a GPU host with the
+extension built:
 
     python3 tools/host_breakdown.py
 """
@@ -22,16 +26,19 @@ def per_call(fn, calls=64, reps=200):
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
-    samples = []
+    samples, busy = [], 0
+    stream = torch.cuda.current_stream()
     for _ in range(reps):
         torch.cuda._sleep(100_000 * calls)
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
         samples.append((time.perf_counter() - t0) * 1e6 / calls)
+        busy += not stream.query()
         torch.cuda.synchronize()
     samples.sort()
-    return statistics.median(samples), samples[len(samples) // 5], samples[4 * len(samples) // 5]
+    return (statistics.median(samples), samples[len(samples) // 5], samples[4 * len(samples) // 5],
+            100 * busy // reps)
 
 
 def main():
@@ -54,6 +61,8 @@ def main():
                                                                         reduce_threads=128, split_policy="blocks"),
                 "_C.attention tuned": lambda: ext.attention(q, k, v, False, None, 16, 64, 128, "blocks", "auto",
                                                             None, False, True),
+                "_C.attention tuned, fused merge": lambda: ext.attention(q, k, v, False, None, 16, 64, 128, "blocks",
+                                                                         "fused", None, False, True),
                 "_C.forward resolved": lambda: ext.forward(q, k, v, None, False, plan.scale, *args[:4], False,
                                                            args[4], True, None, None, 1, 1),
                 "_C.forward resolved no PDL": lambda: ext.forward(q, k, v, None, False, plan.scale, *args[:4], False,
@@ -65,8 +74,8 @@ def main():
             }
             print(f"B={b} Hkv={hkv} Sq={sq} Sk={sk} launch args {args}")
             for name, fn in rows.items():
-                med, p20, p80 = per_call(fn)
-                print(f"  {name:32s} median {med:6.2f}  p20 {p20:6.2f}  p80 {p80:6.2f} us")
+                med, p20, p80, busy = per_call(fn)
+                print(f"  {name:32s} median {med:6.2f}  p20 {p20:6.2f}  p80 {p80:6.2f} us  busy {busy:3d}%")
 
 
 if __name__ == "__main__":

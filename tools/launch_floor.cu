@@ -36,6 +36,11 @@ __global__ void empty_split(splitkv::SplitParams p) {
   if (p.batch < 0) p.out = nullptr;
 }
 
+// The combine kernel's argument, for a call that launches both kernels.
+__global__ void empty_combine(splitkv::CombineParams p) {
+  if (p.num_splits < 0) p.out = nullptr;
+}
+
 template <class Fn>
 void row(const char* name, cudaStream_t stream, Fn&& fn) {
   constexpr int kCalls = 64, kReps = 200;
@@ -93,6 +98,12 @@ int main() {
   // once per device.
   row("splitkv::launch_kernel, grid (1, 8, 16), programmatic", stream, [&] {
     splitkv::launch_kernel<&empty_split>(p, dim3(1, 8, 16), dim3(128), 0, stream, true, "launch_kernel");
+  });
+  // What a call that merges with the combine kernel launches: two kernels, both programmatic.
+  const splitkv::CombineParams c{};
+  row("two launch_kernel, split then combine argument", stream, [&] {
+    splitkv::launch_kernel<&empty_split>(p, dim3(1, 8, 16), dim3(128), 0, stream, true, "launch_kernel");
+    splitkv::launch_kernel<&empty_combine>(c, dim3(4), dim3(128), 0, stream, true, "launch_kernel");
   });
   check(cudaStreamSynchronize(stream), "sync");
   return 0;
