@@ -188,19 +188,43 @@ def measure_shape(shape: Shape, gpu: str, bench_kwargs: dict, table,
 
 def to_markdown(df: pd.DataFrame,
                 names=("selector", "fallback", "fa2", "fa3", "sglang", "s1")) -> str:
-    """A per-shape regret table and a summary line per rule, as markdown."""
+    """A per-shape regret table and a summary line per rule, as markdown. Where a rule's config
+    was not timed on the shape (offline, its ``_match`` is not exact) its regret is the reading
+    of another config (:func:`config_time`), marked ``*``, and the summary adds the figures over
+    the shapes whose choice was timed as chosen.
+
+    >>> df = pd.DataFrame({"dtype": ["bf16"] * 2, "head_dim": [128] * 2, "causal": [0] * 2,
+    ...                    "batch": [1, 2], "q_heads": [8] * 2, "kv_heads": [1] * 2, "q_len": [1] * 2,
+    ...                    "kv_len": [4096] * 2, "best_us": [10.0, 20.0], "selector_regret": [0.1, 0.5],
+    ...                    "selector_match": ["exact", "same S"]})
+    >>> print(to_markdown(df).splitlines()[3])
+    | bf16 | 128 | 0 | 2 | 8 | 1 | 1 | 4096 | 20.00 | 50.0%* |
+    >>> print(to_markdown(df).splitlines()[-1])
+    - selector: geometric-mean regret 28.45%, max 50.00% over 2 shapes; timed as chosen on 1: 10.00%, max 10.00%
+    """
     names = [n for n in names if f"{n}_regret" in df]
     head = ["dtype", "D", "causal", "B", "Hq", "Hkv", "Sq", "Sk", "best µs"] + [
         f"{n} regret" for n in names]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def read_off(r, n) -> bool:
+        return f"{n}_match" in r and r[f"{n}_match"] != MATCHES[0]
+
     for _, r in df.iterrows():
         cells = [str(r[c]) for c in SHAPE_COLUMNS] + [f"{r['best_us']:.2f}"] + [
-            f"{r[f'{n}_regret'] * 100:.1f}%" for n in names]
+            f"{r[f'{n}_regret'] * 100:.1f}%" + ("*" if read_off(r, n) else "") for n in names]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    if any(f"{n}_match" in df for n in names):
+        lines += ["\\* the rule's config was not timed on that shape: the regret is read off the same S "
+                  "(or the nearest S) the trials timed, not measured.", ""]
     for n in names:
         s = summarize(df[f"{n}_regret"])
-        lines.append(f"- {n}: geometric-mean regret {s['geomean'] * 100:.2f}%, "
-                     f"max {s['max'] * 100:.2f}% over {s['n']} shapes")
+        line = (f"- {n}: geometric-mean regret {s['geomean'] * 100:.2f}%, "
+                f"max {s['max'] * 100:.2f}% over {s['n']} shapes")
+        if f"{n}_match" in df and (df[f"{n}_match"] != MATCHES[0]).any():
+            e = summarize(df.loc[df[f"{n}_match"] == MATCHES[0], f"{n}_regret"])
+            line += (f"; timed as chosen on {e['n']}: {e['geomean'] * 100:.2f}%, max {e['max'] * 100:.2f}%"
+                     if e["n"] else "; timed as chosen on none")
+        lines.append(line)
     return "\n".join(lines) + "\n"
-

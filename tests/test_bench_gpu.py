@@ -4,7 +4,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from splitkv_tune import bench, breakdown, compare, gpus
+from splitkv_tune import bench, breakdown, compare, eager_timing, gpus
 from splitkv_tune.tunables import Config, Shape
 
 pytestmark = pytest.mark.gpu
@@ -20,6 +20,22 @@ def test_cuda_graph_timing_and_copy_bandwidth():
     profile = gpus.profile_for(torch.cuda.get_device_name())
     if profile is not None:
         assert 0.8 * profile.copy_bw_gbps < bandwidth < 1.2 * profile.copy_bw_gbps
+
+
+def test_host_time_counts_only_samples_the_gpu_slept_through():
+    x = torch.randn(1024, device="cuda")
+    x.mul_(1.0).sum().item()  # the kernels loaded (a first launch may wait for the GPU)
+    host, asleep = eager_timing.queued_host_time([lambda: x.mul_(1.0)] * 64)
+    assert asleep and 0 < host < 1000
+    # A call that reads back waits for the sleep: the sample is not host time, and time_eager
+    # says so rather than report it.
+    _, asleep = eager_timing.queued_host_time([lambda: x.sum().item()] * 4)
+    assert not asleep
+    with pytest.raises(RuntimeError, match="waits for the GPU"):
+        eager_timing.time_eager([lambda: x.sum().item()], "cuda", warmup_s=0.0, min_reps=3, max_time_s=0.01)
+    host_timing, eager = eager_timing.time_eager([lambda: x.mul_(1.0)], "cuda", warmup_s=0.0, min_reps=5,
+                                                 max_time_s=0.01)
+    assert host_timing.n >= 1 and eager.n >= 5 and host_timing.median_us > 0
 
 
 def test_rotating_inputs_cover_twice_the_l2():

@@ -4,8 +4,8 @@ launch alone with every argument resolved (`_C.forward`, with and without progra
 launch), a bare `torch.empty_like(q)`, a pybind call of one int (the crossing alone) and SDPA,
 each timed as `eager_timing` times host cost (64 calls queued behind a GPU sleep; median, p20
 and p80 of 200 samples). A sample is host time only while the GPU is still sleeping when its
-64th call returns; "busy" is the share of samples where it was (below 100%, that row's figures
-include GPU time). At Sq = 4 the call with every tunable given launches the combine kernel as
+64th call returns (`eager_timing.queued_host_time`); "asleep" is the share of samples where it
+was (below 100%, that row's figures include time spent waiting for the GPU). At Sq = 4 the call with every tunable given launches the combine kernel as
 well; the row with `merge="fused"` is the same call in one launch. On a GPU host with the
 extension built:
 
@@ -13,32 +13,24 @@ extension built:
 """
 import itertools
 import statistics
-import time
 
 import torch
 
-from splitkv_tune import _rules, ops
+from splitkv_tune import _rules, eager_timing, ops
 
 GROWING_CALLS = 20 + 200 * 64  # per_call's calls: each sees a KV length it has not seen
 
 
 def per_call(fn, calls=64, reps=200):
+    """Median, p20 and p80 host µs per call over `reps` samples of `calls` queued calls, and the
+    percentage of samples with the GPU still asleep after the last call."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
-    samples, busy = [], 0
-    stream = torch.cuda.current_stream()
-    for _ in range(reps):
-        torch.cuda._sleep(100_000 * calls)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) * 1e6 / calls)
-        busy += not stream.query()
-        torch.cuda.synchronize()
-    samples.sort()
-    return (statistics.median(samples), samples[len(samples) // 5], samples[4 * len(samples) // 5],
-            100 * busy // reps)
+    samples = [eager_timing.queued_host_time([fn] * calls) for _ in range(reps)]
+    times = sorted(t for t, _ in samples)
+    return (statistics.median(times), times[len(times) // 5], times[4 * len(times) // 5],
+            100 * sum(asleep for _, asleep in samples) // reps)
 
 
 def main():
@@ -74,8 +66,8 @@ def main():
             }
             print(f"B={b} Hkv={hkv} Sq={sq} Sk={sk} launch args {args}")
             for name, fn in rows.items():
-                med, p20, p80, busy = per_call(fn)
-                print(f"  {name:32s} median {med:6.2f}  p20 {p20:6.2f}  p80 {p80:6.2f} us  busy {busy:3d}%")
+                med, p20, p80, asleep = per_call(fn)
+                print(f"  {name:32s} median {med:6.2f}  p20 {p20:6.2f}  p80 {p80:6.2f} us  asleep {asleep:3d}%")
 
 
 if __name__ == "__main__":

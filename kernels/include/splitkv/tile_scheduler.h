@@ -24,7 +24,8 @@
 //
 // Before the order, a launch whose min_blocks_per_split was "load_aware" (p.plan_choices > 1) chooses
 // its knob from the lengths (rules.h, the load-aware plan): every CTA tallies the batch for each
-// choice, and the estimates pick one, the same in every CTA.
+// choice, and the estimates pick one, the same in every CTA; a launch whose items at the knob as
+// given fit its CTAs keeps that knob and tallies nothing.
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -123,13 +124,18 @@ class LiveScheduler {
   // min_blocks_: p.min_blocks_per_split, or with p.plan_choices > 1 the choice of
   // rules::live_plan_min_blocks for this batch and grid. Warp w tallies choices w, w + kNWarps,
   // ... over the whole batch (two shared atomics per size class present in 32 sequences) and
-  // estimates each with a lane per class; then thread 0 picks. It still costs a launch about
-  // 2 us, mostly the tally loops (docs/NOTES.md, session 14), which is why the plan is an
+  // estimates each with a lane per class; then thread 0 picks. A launch whose items at the knob
+  // as given fit its CTAs skips all that (fits_one_wave). Choosing costs a launch of more items
+  // about 2 us, mostly the tally loops (docs/NOTES.md, session 14), which is why the plan is an
   // option. CTA 0 leaves the choice in the workspace for the combine kernel.
   template <int kBlockKV>
   CUTE_DEVICE void choose_min_blocks(const SplitParams& p) {
     min_blocks_ = p.min_blocks_per_split;
     if (p.plan_choices <= 1) return;
+    if (fits_one_wave<kBlockKV>(p)) {
+      if (threadIdx.x == 0 && blockIdx.x == 0 && p.ws_plan != nullptr) *p.ws_plan = min_blocks_;
+      return;
+    }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     long long blocks = 0;  // the batch's live blocks, summed in the warp's first pass
     for (int j = warp; j < p.plan_choices; j += kNWarps) {
@@ -170,6 +176,23 @@ class LiveScheduler {
     }
     __syncthreads();
     min_blocks_ = next_[1];
+  }
+
+  // rules::live_plan_fits_one_wave of the knob as given, the same in every thread: each thread
+  // sums the splits of its share of the batch into next_[2].
+  template <int kBlockKV>
+  CUTE_DEVICE bool fits_one_wave(const SplitParams& p) {
+    if (threadIdx.x == 0) next_[2] = 0;
+    __syncthreads();
+    int splits = 0;
+    for (int i = threadIdx.x; i < p.batch; i += kNThreads) {
+      splits += rules::live_splits(__ldg(p.seqlens + i), kBlockKV, p.min_blocks_per_split, p.num_splits);
+    }
+    // Counts of items are below 2^30 (bindings.cpp): 32-bit sums.
+    splits = int(__reduce_add_sync(0xffffffffu, unsigned(splits)));
+    if (threadIdx.x % 32 == 0) atomicAdd(next_ + 2, splits);
+    __syncthreads();
+    return int64_t(next_[2]) * p.kv_heads * p.num_m_blocks <= int64_t(gridDim.x);
   }
 
   // rules::live_plan_estimate of tally t, by the warp: lane c holds size class c, lane k - 1

@@ -298,9 +298,10 @@ SPLITKV_HOST_DEVICE constexpr int size_class(int blocks_per_split) {
 // that ignores the lengths serves both, so the launch chooses min_blocks_per_split itself,
 // from the lengths it reads anyway: among the knob times 1, 2, 4, ... (kLivePlanChoices at
 // most, splits of at most kLivePlanMaxKeysPerSplit keys), the one whose schedule the estimate
-// below finishes first, and the knob itself unless another gains kLivePlanMarginPct. The choice
-// depends on every length of the batch, so a sequence's bits do too. Choosing costs every CTA
-// about 2 us before its first item, which is why it is not the "auto" knob (docs/PERFORMANCE.md).
+// below finishes first, and the knob itself unless another gains kLivePlanMarginPct or its items
+// fit the launch's CTAs (live_plan_fits_one_wave). The choice depends on every length of the
+// batch, so a sequence's bits do too. Choosing costs every CTA about 2 us before its first item,
+// which is why it is not the "auto" knob (docs/PERFORMANCE.md).
 //
 // The estimate is a list-scheduling bound on the CTAs' finishing time: an item of p blocks
 // costs p * rate + kLivePlanItemKeys / block_kv blocks; the rate is 1 when the items fill the
@@ -443,12 +444,27 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_plan_knob_estimate(const Length* leng
   return live_plan_estimate(t, blocks, tiles, ctas, block_kv, rate_rule);
 }
 
+// Whether the knob's items (live_splits per sequence, times tiles) fit the launch's CTAs, one
+// item each. Such a launch keeps the knob without estimating the others: a coarser knob only
+// lengthens the longest item, and the choosing costs every CTA about 2 us before its first
+// item, the whole of a small batch's loss to the knob as given (docs/PERFORMANCE.md: 1 x 4K
+// 15.5 against 13.4 us). The estimate did coarsen some such batches (1 x 32K at 8 KV heads, m4 to
+// m16: 43.5 against 41.1 us), from the rate it gives items that leave CTAs idle.
+SPLITKV_HOST_DEVICE constexpr bool live_plan_fits_one_wave(const int* lengths, int batch, int64_t tiles,
+                                                           int64_t ctas, int block_kv, int min_blocks,
+                                                           int max_splits) {
+  int64_t splits = 0;
+  for (int b = 0; b < batch; ++b) splits += live_splits(lengths[b], block_kv, min_blocks, max_splits);
+  return splits * tiles <= ctas;
+}
+
 // The plan's min_blocks_per_split for a batch of `batch` live lengths, serially: what the CTAs
 // of the launch compute together (tile_scheduler.h), for the host (the reference, the exported
 // selector). choices: live_plan_choices(min_blocks, block_kv), or 1 for the knob as given.
 SPLITKV_HOST_DEVICE constexpr int live_plan_min_blocks(const int* lengths, int batch, int64_t tiles, int64_t ctas,
                                                        int block_kv, int min_blocks, int max_splits, int choices) {
   if (choices <= 1) return min_blocks;
+  if (live_plan_fits_one_wave(lengths, batch, tiles, ctas, block_kv, min_blocks, max_splits)) return min_blocks;
   int64_t estimates[kLivePlanChoices] = {};
   for (int j = 0; j < choices; ++j) {
     estimates[j] = live_plan_knob_estimate(lengths, batch, tiles, ctas, block_kv, min_blocks << j, max_splits);
