@@ -52,8 +52,8 @@ def queued_host_time(calls: Sequence[Callable[[], object]]) -> tuple[float, bool
 def time_eager(fns: Sequence[Callable[[], object]], device, *, warmup_s: float = 0.05,
                min_reps: int = 20, max_time_s: float = 0.2) -> tuple[Timing, Timing]:
     """``(host, eager)`` timings of ``fns`` (one call per input set) on a CUDA device, µs per call.
-    Raises RuntimeError when no host sample was taken with the GPU still asleep: then every
-    sample measured the GPU, not the host."""
+    When no host sample was taken with the GPU still asleep (a call waits for the GPU, so every
+    sample measured the GPU too), ``host`` is a failed Timing (NaN) that says so."""
     device = torch.device(device)
     calls = _calls(list(fns))
     with torch.inference_mode(), torch.cuda.device(device):
@@ -80,8 +80,9 @@ def time_eager(fns: Sequence[Callable[[], object]], device, *, warmup_s: float =
             end.record()
             torch.cuda.synchronize(device)
             eager.append(begin.elapsed_time(end) * 1e3 / len(calls))
+    loop = Timing.from_samples(eager, "eager_events", len(fns))
     if not host:
-        raise RuntimeError("no host sample with the GPU still asleep after the queued calls: a call "
-                           "waits for the GPU, so its host cost cannot be told apart from the GPU's")
-    return (Timing.from_samples(host, "host_wallclock", len(fns)),
-            Timing.from_samples(eager, "eager_events", len(fns)))
+        return (Timing.failure("failed", "no sample with the GPU still asleep after the queued calls: a call "
+                               "waits for the GPU, so its host cost cannot be told apart from the GPU's",
+                               "host_wallclock"), loop)
+    return Timing.from_samples(host, "host_wallclock", len(fns)), loop

@@ -5,9 +5,9 @@ launch), a bare `torch.empty_like(q)`, a pybind call of one int (the crossing al
 each timed as `eager_timing` times host cost (64 calls queued behind a GPU sleep; median, p20
 and p80 of 200 samples). A sample is host time only while the GPU is still sleeping when its
 64th call returns (`eager_timing.queued_host_time`); "asleep" is the share of samples where it
-was (below 100%, that row's figures include time spent waiting for the GPU). At Sq = 4 the call with every tunable given launches the combine kernel as
-well; the row with `merge="fused"` is the same call in one launch. On a GPU host with the
-extension built:
+was (below 100%, that row's figures include time spent waiting for the GPU). At Sq = 4 the call
+with every tunable given launches the combine kernel as well; the row with `merge="fused"` is
+the same call in one launch. On a GPU host with the extension built:
 
     python3 tools/host_breakdown.py
 """
