@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "splitkv/live_model.h"
+#include "splitkv/live_plan.h"
 #include "splitkv/rules.h"
 
 namespace py = pybind11;

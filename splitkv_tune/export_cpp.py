@@ -37,11 +37,11 @@ def _fill(text: str, subs: dict) -> str:
 
 
 def embedded_rules() -> str:
-    """tunables.h and rules.h, the kernel's own rule definitions, and live_model.h, the
-    selector's model on them, as the header embeds them: without their include lines, under a
-    guard of their own (several exported headers may embed them)."""
+    """tunables.h, rules.h and live_plan.h, the kernel's own rule definitions and its load-aware
+    plan, and live_model.h, the selector's model on them, as the header embeds them: without
+    their include lines, under a guard of their own (several exported headers may embed them)."""
     parts = []
-    for name in ("tunables.h", "rules.h", "live_model.h"):
+    for name in ("tunables.h", "rules.h", "live_plan.h", "live_model.h"):
         text = (kernel_include_dir() / "splitkv" / name).read_text()
         if name == "tunables.h":  # the constants; not the lists of kernel instantiations
             head, _, _ = text.partition("// X(")

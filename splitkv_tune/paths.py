@@ -12,7 +12,8 @@ def data_dir(name: str) -> Path:
 
 
 def kernel_include_dir() -> Path:
-    """The kernels' plain-C++ headers (rules.h, tunables.h), which exports embed: a wheel's
-    ``splitkv_tune/data/include``, else the checkout's ``kernels/include``."""
+    """The kernels' plain-C++ headers (tunables.h, rules.h, live_plan.h, live_model.h), which
+    exports embed: a wheel's ``splitkv_tune/data/include``, else the checkout's
+    ``kernels/include``."""
     packaged = PACKAGE_DIR / "data" / "include"
     return packaged if packaged.is_dir() else SOURCE_ROOT / "kernels" / "include"

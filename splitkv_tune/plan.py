@@ -204,7 +204,7 @@ def check_ctas(ctas, name: str = "ctas") -> None:
 
 def plan_min_blocks(lengths, *, kv_heads: int, packed_rows: int, ctas: int, block_kv: int,
                     min_blocks_per_split: int, max_splits: int) -> int:
-    """The load-aware plan's knob (rules.h ``live_plan_min_blocks``): what a launch of ``ctas``
+    """The load-aware plan's knob (live_plan.h ``live_plan_min_blocks``): what a launch of ``ctas``
     CTAs whose ``split_plan`` is ``"load_aware"`` (its base ``min_blocks_per_split`` as given,
     ``"auto"`` resolved) uses for these live lengths: that knob
     times 1, 2, 4, ... (``_rules.live_plan_choices``), the one whose schedule finishes first by

@@ -1,4 +1,4 @@
-"""The model behind the load-aware plan's constants (rules.h, kLivePlan*), and its check.
+"""The model behind the load-aware plan's constants (live_plan.h, kLivePlan*), and its check.
 
 `fit` fits a list-scheduling model of the paged kernel's persistent schedule to compare-batch
 rows (the `ours` and `ours_m<MIN>_s<MAX>` rows at block_kv 64 with the fused merge): each work
@@ -6,7 +6,7 @@ item (one split of one sequence and KV head) costs `a + b * rate * blocks` µs, 
 `max(rho, items / ctas)` (fewer items than CTAs stream faster), the CTAs take items in the
 kernel's order (size class, then batch order) as they come free, and the tile's last split adds
 `m` for the fused merge; a launch takes `t0` more. It prints the parameters, the RMS error and,
-per batch, how often the model's fastest knob is the measured fastest. rules.h's per-item cost
+per batch, how often the model's fastest knob is the measured fastest. live_plan.h's per-item cost
 (kLivePlanItemKeys, `a / b` blocks of 64 keys) and rate floor (kLivePlanRateFloor16 / 16, rho)
 come from it.
 

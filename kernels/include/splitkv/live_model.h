@@ -1,11 +1,12 @@
 // The selector's model of a paged / variable-length launch: the knobs it takes for a batch that
 // its table has no class near. Host-side only (the selector, the exported C++ header, through
 // kernels/rules_binding.cpp for Python); the kernels never call it. Built on the load-aware
-// plan's estimate in rules.h, so the model and the plan share one schedule arithmetic.
+// plan's estimate in live_plan.h, so the model and the plan share one schedule arithmetic.
 #pragma once
 
 #include <cstdint>
 
+#include "splitkv/live_plan.h"
 #include "splitkv/rules.h"
 
 namespace splitkv {

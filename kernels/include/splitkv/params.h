@@ -70,7 +70,7 @@ struct SplitParams {
   int page_shift;                       // log2(page_size)
   int block_kv;                         // with seqlens: the plan's block size (the kernel's kBlockKV)
   int min_blocks_per_split;             // with seqlens: the plan's knob (rules::live_splits)
-  int plan_choices;                     // with seqlens: 1, or the load-aware plan's choices (rules.h)
+  int plan_choices;                     // with seqlens: 1, or the load-aware plan's choices (live_plan.h)
   int* __restrict__ ws_plan;            // with seqlens and num_splits > 1: the workspace's plan slot
 };
 

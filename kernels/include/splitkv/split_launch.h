@@ -7,6 +7,7 @@
 #include <string>
 
 #include "splitkv/launch_utils.h"
+#include "splitkv/live_plan.h"
 #include "splitkv/split_kernel.h"
 
 namespace splitkv {

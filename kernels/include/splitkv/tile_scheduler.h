@@ -14,7 +14,7 @@
 // within a class, and each sequence's items follow one another. Every CTA builds the same
 // order from the lengths, deterministically, in shared memory: no planning kernel, no host
 // work. The order decides only which CTA runs an item, never an item's keys or the bits it
-// writes, which are the plan's (rules.h).
+// writes, which are the plan's (rules.h, live_plan.h).
 //
 // CTA i starts with item i; only items past the first wave come off the counter, so a launch with
 // no more items than CTAs (a small batch) touches no counter. The counters (items fetched, CTAs
@@ -23,7 +23,7 @@
 // without a fill kernel (fused_merge.h does the same).
 //
 // Before the order, a launch whose min_blocks_per_split was "load_aware" (p.plan_choices > 1) chooses
-// its knob from the lengths (rules.h, the load-aware plan): every CTA tallies the batch for each
+// its knob from the lengths (live_plan.h, the load-aware plan): every CTA tallies the batch for each
 // choice, and the estimates pick one, the same in every CTA; a launch whose items at the knob as
 // given fit its CTAs keeps that knob and tallies nothing.
 #pragma once
@@ -32,6 +32,7 @@
 #include <cute/tensor.hpp>
 
 #include "splitkv/block_range.h"
+#include "splitkv/live_plan.h"
 #include "splitkv/params.h"
 
 namespace splitkv {
@@ -122,20 +123,24 @@ class LiveScheduler {
   }
 
   // min_blocks_: p.min_blocks_per_split, or with p.plan_choices > 1 the choice of
-  // rules::live_plan_min_blocks for this batch and grid. Warp w tallies choices w, w + kNWarps,
-  // ... over the whole batch (two shared atomics per size class present in 32 sequences) and
-  // estimates each with a lane per class; then thread 0 picks. A launch whose items at the knob
-  // as given fit its CTAs skips all that (fits_one_wave). Choosing costs a launch of more items
-  // about 2 us, mostly the tally loops (docs/NOTES.md, session 14), which is why the plan is an
-  // option. CTA 0 leaves the choice in the workspace for the combine kernel.
+  // rules::live_plan_min_blocks for this batch and grid: the knob as given when its items fit
+  // the CTAs (fits_one_wave), else the estimates' pick (estimated_choice). CTA 0 leaves the
+  // choice in the workspace for the combine kernel.
   template <int kBlockKV>
   CUTE_DEVICE void choose_min_blocks(const SplitParams& p) {
     min_blocks_ = p.min_blocks_per_split;
     if (p.plan_choices <= 1) return;
-    if (fits_one_wave<kBlockKV>(p)) {
-      if (threadIdx.x == 0 && blockIdx.x == 0 && p.ws_plan != nullptr) *p.ws_plan = min_blocks_;
-      return;
-    }
+    if (!fits_one_wave<kBlockKV>(p)) min_blocks_ = estimated_choice<kBlockKV>(p);
+    if (threadIdx.x == 0 && blockIdx.x == 0 && p.ws_plan != nullptr) *p.ws_plan = min_blocks_;
+  }
+
+  // rules::live_plan_pick over the estimates of the knob's multiples, the same in every thread.
+  // Warp w tallies choices w, w + kNWarps, ... over the whole batch (two shared atomics per size
+  // class present in 32 sequences) and estimates each with a lane per class; then thread 0
+  // picks. It costs a launch about 2 us, mostly the tally loops (docs/NOTES.md, session 14),
+  // which is why the plan is an option.
+  template <int kBlockKV>
+  CUTE_DEVICE int estimated_choice(const SplitParams& p) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     long long blocks = 0;  // the batch's live blocks, summed in the warp's first pass
     for (int j = warp; j < p.plan_choices; j += kNWarps) {
@@ -170,12 +175,9 @@ class LiveScheduler {
       if (lane == 0) estimates_[j] = estimate;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      next_[1] = p.min_blocks_per_split << rules::live_plan_pick(estimates_, p.plan_choices);
-      if (blockIdx.x == 0 && p.ws_plan != nullptr) *p.ws_plan = next_[1];
-    }
+    if (threadIdx.x == 0) next_[1] = p.min_blocks_per_split << rules::live_plan_pick(estimates_, p.plan_choices);
     __syncthreads();
-    min_blocks_ = next_[1];
+    return next_[1];
   }
 
   // rules::live_plan_fits_one_wave of the knob as given, the same in every thread: each thread

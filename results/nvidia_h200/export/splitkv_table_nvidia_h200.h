@@ -288,6 +288,105 @@ SPLITKV_HOST_DEVICE constexpr int size_class(int blocks_per_split) {
 #endif
 }
 
+// Its two self-resetting counters: the next work item and the CTAs that found none left.
+inline constexpr int kWorkCounters = 2;
+
+// Work items (one split of one query tile of one (sequence, KV head)) when every sequence has
+// max_splits splits: the most a launch can have.
+SPLITKV_HOST_DEVICE constexpr int64_t live_work_capacity(int batch, int kv_heads, int packed_rows, int max_splits) {
+  return int64_t(batch) * kv_heads * num_m_blocks(packed_rows) * max_splits;
+}
+
+// CTAs of a paged / variable-length launch: as many as the GPU holds at once, or the capacity
+// when that is fewer. More would only queue behind the first wave for items that are gone.
+SPLITKV_HOST_DEVICE constexpr int64_t live_grid(int64_t capacity_items, int num_sms, int ctas_per_sm) {
+  const int64_t resident = int64_t(num_sms) * (ctas_per_sm < 1 ? 1 : ctas_per_sm);
+  return capacity_items < resident ? capacity_items : resident;
+}
+
+// The CTAs a SM may hold of an equal-length launch of `ctas` CTAs that starts while the previous
+// kernel of its stream still runs (programmatic dependent launch), when each SM could hold
+// resident_per_sm: ceil(ctas / num_sms) when the grid is one wave that needs more than one CTA a
+// SM and leaves fewer slots free than it has CTAs, else 0 (no limit). Why: a call of the same
+// grid after it takes the free slots early, and the rest of its CTAs then land on the SMs that
+// free first, up to resident_per_sm each, while others run one: on an H200, 256 CTAs of block_kv
+// 64 (B 8, Hkv 32, Sk 8K, one split) took 318 us back to back against 243 without the early
+// launch, and 384 of block_kv 32 434 against 351. Where the free slots hold the whole next grid
+// it lands balanced, and holding the SMs back would only cost its early launch: 192 CTAs of
+// block_kv 64 (B 1, Hkv 8, Sk 16K, 24 splits) 22.8 us as they are, 25.3 held to two a SM
+// (docs/PERFORMANCE.md, "Back to back").
+SPLITKV_HOST_DEVICE constexpr int spread_ctas_per_sm(int64_t ctas, int num_sms, int resident_per_sm) {
+  const int64_t slots = int64_t(num_sms) * resident_per_sm;
+  if (num_sms < 1 || ctas > slots || slots - ctas >= ctas) return 0;
+  const int per_sm = int((ctas + num_sms - 1) / num_sms);
+  return per_sm > 1 && per_sm < resident_per_sm ? per_sm : 0;
+}
+
+// The dynamic shared memory per CTA that holds a SM of sm_bytes of shared memory to per_sm CTAs
+// (each also taking reserved_bytes): past a (per_sm + 1)-th share, and at least the kernel's own
+// kernel_bytes. 0 when per_sm CTAs of the kernel's own size do not fit.
+SPLITKV_HOST_DEVICE constexpr int smem_for_ctas_per_sm(int per_sm, int sm_bytes, int reserved_bytes,
+                                                       int kernel_bytes) {
+  if (per_sm < 1) return 0;
+  const int share = sm_bytes / (per_sm + 1) + 1 - reserved_bytes;
+  const int bytes = share > kernel_bytes ? share : kernel_bytes;
+  return int64_t(per_sm) * (bytes + reserved_bytes) <= sm_bytes ? bytes : 0;
+}
+
+// Lanes that fold one row of the partials together (merge_state.h; the combine kernel and the
+// fused merge lay their threads out by it, so both fold alike): one float4 each at head dims
+// 64 and 128, a warp's 32 lanes with wider shares at 96 and 256.
+SPLITKV_HOST_DEVICE constexpr int lanes_per_row(int head_dim) {
+  return head_dim % 64 == 0 && head_dim < 128 ? head_dim / 4 : 32;
+}
+
+// Whether the fused merge of one query tile is one row fold per thread of the last CTA. Past
+// that the last CTA merges rows one after another, and the combine kernel, spread over many
+// CTAs, is faster (docs/PERFORMANCE.md).
+SPLITKV_HOST_DEVICE constexpr bool fused_merge_fits(int packed_rows, int head_dim) {
+  const int block_m = block_m_for(packed_rows);
+  const int rows = block_m < packed_rows ? block_m : packed_rows;
+  return rows * lanes_per_row(head_dim) <= kNumWarps * 32;
+}
+
+SPLITKV_HOST_DEVICE constexpr int64_t align_up(int64_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+
+// Byte offsets of the workspace's sections (params.h): O at 0, then m, then l, then for a paged /
+// variable-length launch (`live`) the plan's knob (one int32: the min_blocks_per_split a
+// load-aware launch chose, for its combine kernel); `total` is the size. No workspace with one
+// split.
+struct WorkspaceSections {
+  int64_t m_offset, l_offset, plan_offset, total;
+};
+
+SPLITKV_HOST_DEVICE constexpr WorkspaceSections workspace_sections(int num_splits, int batch, int q_heads, int q_len,
+                                                                   int head_dim, bool live = false) {
+  if (num_splits == 1) return WorkspaceSections{0, 0, 0, 0};
+  const int64_t rows = int64_t(num_splits) * batch * q_heads * q_len;
+  const int64_t o_bytes = align_up(rows * head_dim * 4);
+  const int64_t ml_bytes = align_up(rows * 4);
+  const int64_t plan_offset = o_bytes + 2 * ml_bytes;
+  return WorkspaceSections{o_bytes, o_bytes + ml_bytes, plan_offset, plan_offset + (live ? kWorkspaceAlign : 0)};
+}
+
+// The fused merge's counters: one int32 per query tile of each (batch, KV head).
+SPLITKV_HOST_DEVICE constexpr int64_t tile_counter_count(int batch, int kv_heads, int packed_rows) {
+  return int64_t(batch) * kv_heads * num_m_blocks(packed_rows);
+}
+
+}  // namespace rules
+}  // namespace splitkv
+// The load-aware plan of a paged / variable-length launch, and the persistent schedule's shared
+// memory that holds its tallies: the rule that the CTAs of a launch compute together
+// (tile_scheduler.h), the host serially (kernels/rules_binding.cpp for the reference and the
+// selector, the exported C++ header, which embeds this file after rules.h), and the selector's
+// model builds on (live_model.h). Plain C++17, as rules.h.
+
+
+
+namespace splitkv {
+namespace rules {
+
 // The load-aware plan of a paged / variable-length launch whose min_blocks_per_split is
 // "load_aware" (splitkv_tune/live.py).
 //
@@ -473,10 +572,10 @@ SPLITKV_HOST_DEVICE constexpr int live_plan_min_blocks(const int* lengths, int b
 }
 
 // The persistent schedule of a paged / variable-length launch (tile_scheduler.h). Its shared
-// memory, after the split kernel's own: a header (the next work item, the plan's knob), the
-// sequences' size classes counted per warp, the batch in schedule order and that order's prefix
-// of splits, then, when the launch chooses its knob, the plan's tallies and estimates (8-byte
-// aligned).
+// memory, after the split kernel's own: a header (the next work item, the plan's knob, the
+// one-wave check's split count), the sequences' size classes counted per warp, the batch in
+// schedule order and that order's prefix of splits, then, when the launch chooses its knob, the
+// plan's tallies and estimates (8-byte aligned).
 inline constexpr int kScheduleHeaderInts = 4;
 SPLITKV_HOST_DEVICE constexpr int live_schedule_ints(int batch) {
   return (kScheduleHeaderInts + kNumWarps * kSizeClasses + 2 * batch + 1 + 1) / 2 * 2;
@@ -486,98 +585,12 @@ SPLITKV_HOST_DEVICE constexpr int live_schedule_bytes(int batch, int plan_choice
   return (4 * live_schedule_ints(batch) + plan + 15) / 16 * 16;
 }
 
-// Its two self-resetting counters: the next work item and the CTAs that found none left.
-inline constexpr int kWorkCounters = 2;
-
-// Work items (one split of one query tile of one (sequence, KV head)) when every sequence has
-// max_splits splits: the most a launch can have.
-SPLITKV_HOST_DEVICE constexpr int64_t live_work_capacity(int batch, int kv_heads, int packed_rows, int max_splits) {
-  return int64_t(batch) * kv_heads * num_m_blocks(packed_rows) * max_splits;
-}
-
-// CTAs of a paged / variable-length launch: as many as the GPU holds at once, or the capacity
-// when that is fewer. More would only queue behind the first wave for items that are gone.
-SPLITKV_HOST_DEVICE constexpr int64_t live_grid(int64_t capacity_items, int num_sms, int ctas_per_sm) {
-  const int64_t resident = int64_t(num_sms) * (ctas_per_sm < 1 ? 1 : ctas_per_sm);
-  return capacity_items < resident ? capacity_items : resident;
-}
-
-// The CTAs a SM may hold of an equal-length launch of `ctas` CTAs that starts while the previous
-// kernel of its stream still runs (programmatic dependent launch), when each SM could hold
-// resident_per_sm: ceil(ctas / num_sms) when the grid is one wave that needs more than one CTA a
-// SM and leaves fewer slots free than it has CTAs, else 0 (no limit). Why: a call of the same
-// grid after it takes the free slots early, and the rest of its CTAs then land on the SMs that
-// free first, up to resident_per_sm each, while others run one: on an H200, 256 CTAs of block_kv
-// 64 (B 8, Hkv 32, Sk 8K, one split) took 318 us back to back against 243 without the early
-// launch, and 384 of block_kv 32 434 against 351. Where the free slots hold the whole next grid
-// it lands balanced, and holding the SMs back would only cost its early launch: 192 CTAs of
-// block_kv 64 (B 1, Hkv 8, Sk 16K, 24 splits) 22.8 us as they are, 25.3 held to two a SM
-// (docs/PERFORMANCE.md, "Back to back").
-SPLITKV_HOST_DEVICE constexpr int spread_ctas_per_sm(int64_t ctas, int num_sms, int resident_per_sm) {
-  const int64_t slots = int64_t(num_sms) * resident_per_sm;
-  if (num_sms < 1 || ctas > slots || slots - ctas >= ctas) return 0;
-  const int per_sm = int((ctas + num_sms - 1) / num_sms);
-  return per_sm > 1 && per_sm < resident_per_sm ? per_sm : 0;
-}
-
-// The dynamic shared memory per CTA that holds a SM of sm_bytes of shared memory to per_sm CTAs
-// (each also taking reserved_bytes): past a (per_sm + 1)-th share, and at least the kernel's own
-// kernel_bytes. 0 when per_sm CTAs of the kernel's own size do not fit.
-SPLITKV_HOST_DEVICE constexpr int smem_for_ctas_per_sm(int per_sm, int sm_bytes, int reserved_bytes,
-                                                       int kernel_bytes) {
-  if (per_sm < 1) return 0;
-  const int share = sm_bytes / (per_sm + 1) + 1 - reserved_bytes;
-  const int bytes = share > kernel_bytes ? share : kernel_bytes;
-  return int64_t(per_sm) * (bytes + reserved_bytes) <= sm_bytes ? bytes : 0;
-}
-
-// Lanes that fold one row of the partials together (merge_state.h; the combine kernel and the
-// fused merge lay their threads out by it, so both fold alike): one float4 each at head dims
-// 64 and 128, a warp's 32 lanes with wider shares at 96 and 256.
-SPLITKV_HOST_DEVICE constexpr int lanes_per_row(int head_dim) {
-  return head_dim % 64 == 0 && head_dim < 128 ? head_dim / 4 : 32;
-}
-
-// Whether the fused merge of one query tile is one row fold per thread of the last CTA. Past
-// that the last CTA merges rows one after another, and the combine kernel, spread over many
-// CTAs, is faster (docs/PERFORMANCE.md).
-SPLITKV_HOST_DEVICE constexpr bool fused_merge_fits(int packed_rows, int head_dim) {
-  const int block_m = block_m_for(packed_rows);
-  const int rows = block_m < packed_rows ? block_m : packed_rows;
-  return rows * lanes_per_row(head_dim) <= kNumWarps * 32;
-}
-
-SPLITKV_HOST_DEVICE constexpr int64_t align_up(int64_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
-
-// Byte offsets of the workspace's sections (params.h): O at 0, then m, then l, then for a paged /
-// variable-length launch (`live`) the plan's knob (one int32: the min_blocks_per_split a
-// load-aware launch chose, for its combine kernel); `total` is the size. No workspace with one
-// split.
-struct WorkspaceSections {
-  int64_t m_offset, l_offset, plan_offset, total;
-};
-
-SPLITKV_HOST_DEVICE constexpr WorkspaceSections workspace_sections(int num_splits, int batch, int q_heads, int q_len,
-                                                                   int head_dim, bool live = false) {
-  if (num_splits == 1) return WorkspaceSections{0, 0, 0, 0};
-  const int64_t rows = int64_t(num_splits) * batch * q_heads * q_len;
-  const int64_t o_bytes = align_up(rows * head_dim * 4);
-  const int64_t ml_bytes = align_up(rows * 4);
-  const int64_t plan_offset = o_bytes + 2 * ml_bytes;
-  return WorkspaceSections{o_bytes, o_bytes + ml_bytes, plan_offset, plan_offset + (live ? kWorkspaceAlign : 0)};
-}
-
-// The fused merge's counters: one int32 per query tile of each (batch, KV head).
-SPLITKV_HOST_DEVICE constexpr int64_t tile_counter_count(int batch, int kv_heads, int packed_rows) {
-  return int64_t(batch) * kv_heads * num_m_blocks(packed_rows);
-}
-
 }  // namespace rules
 }  // namespace splitkv
 // The selector's model of a paged / variable-length launch: the knobs it takes for a batch that
 // its table has no class near. Host-side only (the selector, the exported C++ header, through
 // kernels/rules_binding.cpp for Python); the kernels never call it. Built on the load-aware
-// plan's estimate in rules.h, so the model and the plan share one schedule arithmetic.
+// plan's estimate in live_plan.h, so the model and the plan share one schedule arithmetic.
 
 
 
