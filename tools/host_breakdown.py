@@ -12,11 +12,11 @@ the same call in one launch. On a GPU host with the extension built:
     python3 tools/host_breakdown.py
 """
 import itertools
-import statistics
 
 import torch
 
 from splitkv_tune import _rules, eager_timing, ops
+from splitkv_tune.bench import Timing
 
 GROWING_CALLS = 20 + 200 * 64  # per_call's calls: each sees a KV length it has not seen
 
@@ -28,9 +28,8 @@ def per_call(fn, calls=64, reps=200):
         fn()
     torch.cuda.synchronize()
     samples = [eager_timing.queued_host_time([fn] * calls) for _ in range(reps)]
-    times = sorted(t for t, _ in samples)
-    return (statistics.median(times), times[len(times) // 5], times[4 * len(times) // 5],
-            100 * sum(asleep for _, asleep in samples) // reps)
+    timing = Timing.from_samples([t for t, _ in samples], "host_wallclock")
+    return timing.median_us, timing.p20_us, timing.p80_us, 100 * sum(asleep for _, asleep in samples) // reps
 
 
 def main():
