@@ -88,7 +88,7 @@ def test_missing_grid_file_is_named():
 
 
 def test_project_maps_infeasible_to_nearest_candidate():
-    from splitkv_tune.sweep import project
+    from splitkv_tune.shape_study import project
     cands = [Config(s, 64, 128, "blocks") for s in (1, 2, 4, 8)]
     assert project(Config(64, 64, 128, "blocks"), cands) == Config(8, 64, 128, "blocks")
     assert project(Config(3, 64, 128, "length"), cands).num_splits in (2, 4)

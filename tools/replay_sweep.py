@@ -1,5 +1,5 @@
 """How close a sweep's winner comes to the best config after N trials: the sweep's own search
-(``sweep.ShapeRunner``: its first configs, then TPE) replayed against a trials file that holds
+(``shape_study.ShapeRunner``: its first configs, then TPE) replayed against a trials file that holds
 every config of each shape (``evaluate --out-trials``), each measurement answered from that
 file (``evaluation.config_time``: a split count it lacks is answered by the nearest one
 measured). Prints, per trial budget and seed, the geometric-mean and max regret of the winner
@@ -12,7 +12,7 @@ import argparse
 
 import optuna
 
-from splitkv_tune import bench, sweep
+from splitkv_tune import bench, shape_study, sweep
 from splitkv_tune.evaluation import config_time, summarize
 from splitkv_tune.selector import shape_key
 from splitkv_tune.space import load_grid
@@ -42,7 +42,7 @@ def replay(grid, groups, budget: int, seed: int) -> tuple[dict, int]:
     for shape in grid.shapes:
         group = groups[shape_key(shape.dtype, shape.head_dim, shape.causal, shape.batch,
                                  shape.q_heads, shape.kv_heads, shape.q_len, shape.kv_len)]
-        runner = sweep.ShapeRunner(plan, shape, storage, "replay", 1.0, None)
+        runner = shape_study.ShapeRunner(plan, shape, storage, "replay", 1.0, None)
         runner.run(Replay(group), None)
         found = min(t.value for t in runner.study.trials if t.value is not None)
         regrets.append(found / group["median_us"].min() - 1)
