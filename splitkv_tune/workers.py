@@ -18,6 +18,7 @@ import sys
 import time
 
 from splitkv_tune import bench, outdir, space, table
+from splitkv_tune.shape_study import ShapeRunner
 
 POLL_S = 0.5
 
@@ -68,7 +69,6 @@ def check_joinable(plan, storage) -> None:
 
 def run_worker(plan, storage, run_id: str, provenance: dict) -> dict:
     """Measure until no shape of ``plan`` has a config left that nobody is measuring."""
-    from splitkv_tune.shape_study import ShapeRunner
     device = bench.default_device(plan.backend)
     copy_bw = bench.copy_bandwidth_gbps(device, **plan.timing)
     winners = outdir.current_winners(plan.out_dir, force=True) if plan.out_dir else None
@@ -173,7 +173,6 @@ def run_local(plan, storage, run_id, copy_bw, winners, quiet, rebuild) -> dict:
     view and keep trials.csv current until they all exit; return their exit codes."""
     from splitkv_tune import progress
     from splitkv_tune import storage as storage_mod
-    from splitkv_tune.shape_study import ShapeRunner
     from splitkv_tune.sweep import REBUILD_EVERY_S
     for shape in plan.shapes:
         ShapeRunner(plan, shape, storage, run_id, copy_bw, table.lookup_config(winners, shape))
