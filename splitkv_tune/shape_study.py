@@ -110,6 +110,17 @@ class ShapeRunner:
         earlier = records.running_configs(self.study).get(config)
         return earlier if earlier is not None and earlier < trial.number else None
 
+    def _beyond_target(self, config: Config) -> bool:
+        """Whether the target is reached without this runner's claimed trial of ``config``: by
+        the finished measurements and the configs other live trials measure (another worker may
+        have claimed one since this runner counted them). Two workers that claimed at once may
+        both back off and ask again, rather than both time one config past the target."""
+        if config not in self.counted:
+            return False
+        done, running = self.done(), records.running_configs(self.study)
+        ahead = sum(c in running and c not in done and c != config for c in self.counted)
+        return sum(c in done for c in self.counted) + ahead >= self.target
+
     def _tell(self, trial, *args, **kwargs) -> None:
         """Tell the trial; one that another sweep already gave up as stale stays as it is."""
         try:
@@ -168,6 +179,8 @@ class ShapeRunner:
                 return timed
             self.recovered += records.recover_interrupted(self.study)  # a worker may have died
             running = records.running_configs(self.study)
+            if measured + sum(c in running for c in self.counted if c not in done) >= self.target:
+                return timed  # other workers' trials reach the target (running_elsewhere waits on them)
             config, source = self._next_enqueue(done, running, streak)
             if config is None and (self.mode == "grid" or self.plan.warm_only):
                 return timed
@@ -190,6 +203,9 @@ class ShapeRunner:
                 streak += 1
                 continue
             streak = 0
+            if self._beyond_target(actual):
+                self._tell(trial, state=optuna.trial.TrialState.FAIL)  # no record: not a trial row
+                continue
             try:
                 with records.heartbeat(self.storage, trial):
                     timing = shape_bench_factory().measure(actual)

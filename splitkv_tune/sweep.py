@@ -288,6 +288,7 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
                 raise WorkersFailed(f"workers {sorted(n for n, c in codes.items() if c)} "
                                     f"stopped with errors and {left} trials are left; "
                                     f"rerun with --resume")
+        pending = []  # shapes whose last configs a worker elsewhere on the storage is measuring
         for i, shape in enumerate([] if plan.workers else shape_bar):
             shape_bar.set_postfix_str(space.shape_key(shape))
             deadline = None
@@ -310,11 +311,18 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
 
             timed_before = totals["timed"]
             runner.run(shape_bench, deadline, after_trial)
-            skipped = runner.target - min(already, runner.target) - (totals["timed"] - timed_before)
-            trial_bar.update(max(0, skipped))  # budget or candidates ran out before the target
+            if runner.running_elsewhere():
+                pending.append((shape, runner))
+            else:
+                skipped = runner.target - min(already, runner.target) - (totals["timed"] - timed_before)
+                trial_bar.update(max(0, skipped))  # budget or candidates ran out before the target
             holder.clear()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+        if pending:
+            from splitkv_tune import workers
+            end = None if plan.time_budget_s is None else start + plan.time_budget_s
+            workers.measure_until_done(pending, plan, device, end, after_trial)
         status = "completed"
     except (SweepAborted, WorkersFailed):
         status = "aborted"

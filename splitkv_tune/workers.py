@@ -78,18 +78,18 @@ def run_worker(plan, storage, run_id: str, provenance: dict) -> dict:
     # so that a shape's inputs leave the device when the worker moves on.
     runners = [(shape, ShapeRunner(plan, shape, storage, run_id, copy_bw, table.lookup_config(winners, shape),
                                    provenance)) for shape in plan.shapes]
-    timed = _measure_until_done(runners, plan, device, deadline)
+    timed = measure_until_done(runners, plan, device, deadline)
     return {"timed": timed, "recovered": sum(runner.recovered for _, runner in runners), "copy_bw_gbps": copy_bw}
 
 
-def _measure_until_done(runners, plan, device, deadline) -> int:
-    """Passes over the shapes until none has a config left that nobody is measuring, or the
-    deadline; returns the trials timed."""
+def measure_until_done(runners, plan, device, deadline, on_trial=None) -> int:
+    """Passes over the (shape, runner) pairs until none has a config left that nobody is
+    measuring, or the deadline (time.monotonic()); returns the trials timed."""
     timed = 0
     while True:
         waiting = False
         for shape, runner in runners:
-            timed += runner.run(_lazy_bench(plan, shape, device), deadline)
+            timed += runner.run(_lazy_bench(plan, shape, device), deadline, on_trial)
             waiting |= runner.running_elsewhere()
             if deadline is not None and time.monotonic() >= deadline:
                 return timed

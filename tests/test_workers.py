@@ -57,6 +57,23 @@ def test_two_workers_merge_into_the_results_of_one(grid, tmp_path, assert_every_
         rebuilt.to_csv(index=False))))
 
 
+def test_workers_stop_at_the_trial_target(grid, tmp_path):
+    """Three workers on a --trials target below each shape's candidates time exactly the target
+    per shape: a worker counts the configs that the others are measuring, and one whose claim
+    raced another's backs off (it was one to two over before)."""
+    out = tmp_path / "out"
+    result = CliRunner().invoke(sweep_cmd, sweep_args(grid, out, "--workers", "3", "--trials", "3"))
+    assert result.exit_code == 0, result.output
+    trials = read_trials(out / "trials.csv")
+    assert trials.groupby(SHAPE_COLUMNS).size().tolist() == [3, 3]
+    assert not trials.duplicated(POINT).any()
+    storage = storage_mod.open_storage(None, out, repair=False)
+    for summary in optuna.get_all_study_summaries(storage):
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        timed = [t for t in study.trials if records.RECORD_ATTR in t.user_attrs]
+        assert len(timed) == 3  # no trial was timed and then dropped as a second measurement
+
+
 def kill_session(proc) -> None:
     """Kill what is left of ``proc`` and the workers it started (its session)."""
     if proc.poll() is None:
