@@ -15,7 +15,7 @@ import pandas as pd
 
 from splitkv_tune import space
 from splitkv_tune.baselines import baseline_configs
-from splitkv_tune.gpus import profile_for, resolve_gpu
+from splitkv_tune.gpus import GpuProfile, profile_for, resolve_gpu
 from splitkv_tune.selector import GENERIC_PROFILE, HeuristicTable, select_shape
 from splitkv_tune.table_schema import CONFIG_COLUMNS, SHAPE_COLUMNS
 from splitkv_tune.tunables import Config, Shape
@@ -79,15 +79,17 @@ def heuristics_from_trials(trials: pd.DataFrame, gpu: str) -> pd.DataFrame:
 
 
 def evaluate_trials(trials: pd.DataFrame, gpu: str, leave_one_out: bool = True,
-                    table: HeuristicTable | None = None) -> pd.DataFrame:
+                    table: HeuristicTable | None = None, profile: GpuProfile | None = None) -> pd.DataFrame:
     """Per measured shape: regret of the selector, the analytic fallback alone, the
     FA2, FA3 (varlen) and SGLang rules (``baselines``) and S=1. The selector reads ``table``
     when one is given (held-out shapes timed by ``evaluate --out-trials``, replayed against
     any table), else the table of ``trials`` themselves; with ``leave_one_out`` the shape's own
     row is removed from that table before selecting, so every selection is for a shape not in
-    the table."""
+    the table. ``profile`` replaces the GPU's profile for the selector (another
+    ``sm_balance_pct``: tools/sm_balance_fit.py)."""
     gpu = resolve_gpu(gpu)
-    profile = profile_for(gpu) or GENERIC_PROFILE
+    chooser = profile or gpu
+    profile = profile or profile_for(gpu) or GENERIC_PROFILE
     ok = _ok_trials(trials)
     heur = heuristics_from_trials(ok, gpu) if table is None else table.frame
     full = HeuristicTable(heur, gpu=gpu) if table is None else table
@@ -103,7 +105,7 @@ def evaluate_trials(trials: pd.DataFrame, gpu: str, leave_one_out: bool = True,
             table = full
         rec = {c: group.iloc[0][c] for c in SHAPE_COLUMNS}
         rec["best_us"] = best
-        sel = select_shape(table, shape, gpu)
+        sel = select_shape(table, shape, chooser)
         rules = {"selector": sel.config, "fallback": select_shape(None, shape, gpu).config,
                  **baseline_configs(shape, profile.sms)}
         for name, cfg in rules.items():

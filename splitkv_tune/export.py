@@ -96,6 +96,7 @@ def lookup_constants(profile: GpuProfile | None, fallback: GpuProfile, head_dim:
             "max_splits": tunables.MAX_SPLITS, "block_kv": list(tunables.BLOCK_KV),
             "block_m": {"rows_le_16": tunables.block_m_for(16), "otherwise": tunables.block_m_for(17)},
             "wave_rounding_from": WAVE_ROUNDING_FROM, "finest_split_cap": True,
+            "sms": fallback.sms, "sm_balance_pct": fallback.sm_balance_pct,
             "wave_slots": {str(bm): dict(zip(map(str, tunables.BLOCK_KV), wave_slots(head_dim, bm, fallback)))
                            for bm in tiles},
             "block_kv_fits": {str(bm): dict(zip(map(str, tunables.BLOCK_KV), fits_block_kv(head_dim, bm, profile)))

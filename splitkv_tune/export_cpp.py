@@ -100,7 +100,7 @@ def _render_namespace(table: HeuristicTable, model: CostModel) -> str:
         "SMEM": str(int((profile or fb).smem_per_block)), "FBNAME": _safe(fb.name),
         "SMS": str(int(fb.sms)), "BW": str(int(round(fb.copy_bw_gbps * 1000))),
         "L2": str(int(fb.l2_bytes)), "FBSMEM": str(int(fb.smem_per_sm)),
-        "FBSMEMBLOCK": str(int(fb.smem_per_block)),
+        "FBSMEMBLOCK": str(int(fb.smem_per_block)), "SMBALANCE": str(int(fb.sm_balance_pct)),
         "BLOCK_KV": ", ".join(map(str, tunables.BLOCK_KV)), "NBKV": str(len(tunables.BLOCK_KV)),
         "MAXS": str(tunables.MAX_SPLITS),
         "SPLITCOUNTS": ", ".join(map(str, tunables.SPLIT_COUNTS)), "NSPLITCOUNTS": str(len(tunables.SPLIT_COUNTS)),

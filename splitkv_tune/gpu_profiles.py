@@ -26,6 +26,7 @@ PROFILES = {'nvidia_a100': {'aliases': ['a100',
                  'l2_bytes': 62914560,
                  'note': 'copy bandwidth 4.25-4.28 TB/s measured on an H200 (DESIGN.md, '
                          '2026-11-29)',
+                 'sm_balance_pct': 85,
                  'smem_per_sm': 233472,
                  'sms': 132},
  'nvidia_l40s': {'aliases': ['l40s', 'NVIDIA L40S'],

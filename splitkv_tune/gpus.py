@@ -26,6 +26,7 @@ class GpuProfile:
     copy_bw_gbps: float
     l2_bytes: int
     smem_per_sm: int
+    sm_balance_pct: int = 0
 
     @property
     def smem_per_block(self) -> int:
@@ -68,7 +69,7 @@ def render_profiles_module(path: Path = PROFILES_PATH) -> str:
 def load_profiles(path: Path = PROFILES_PATH) -> dict[str, GpuProfile]:
     raw = _raw_profiles(path)
     return {key: GpuProfile(key, int(v["sms"]), float(v["copy_bw_gbps"]), int(v["l2_bytes"]),
-                            int(v["smem_per_sm"]))
+                            int(v["smem_per_sm"]), int(v.get("sm_balance_pct", 0)))
             for key, v in raw.items()}
 
 

@@ -132,3 +132,31 @@ def splits_from_waves(log_waves: int, slots: int, ctas_per_split: int) -> int:
         if abs(log2_q16(s) - target) < abs(log2_q16(best) - target):
             best = s
     return best
+
+
+def balance_splits(splits: int, ctas_per_split: int, sms: int, balance_pct: int) -> int:
+    """The interpolated S, raised to the first S' in (S, min(2S, MAX_SPLITS)] whose CTAs the SMs
+    share evenly when they do not share S's: CTAs c spread over ``sms`` SMs are even when they fit
+    one CTA per SM or their mean per SM is at least ``balance_pct``% of the busiest SM's
+    ``ceil(c / sms)``. ``balance_pct`` 0 (a GPU's profile without ``sm_balance_pct``) keeps S.
+
+    Why: the rows a shape is interpolated from can sit on either side of a whole number of CTAs
+    per SM, and the waves they vote for then put one CTA more on a few SMs: H200, bf16, head dim
+    128, B 6 x 8 KV heads, Sq 4, Sk 6000 (48 CTAs a split, block_kv 64): S3 puts 144 CTAs on 132
+    SMs and ran 13.4% behind the shape's best, S5 (240 CTAs, 0.91 of two a SM) 1.3%. The
+    threshold is the profile's, chosen by leave-one-out over each GPU's table (on the H100 no
+    threshold did better than none: docs/PERFORMANCE.md).
+
+    >>> balance_splits(3, 48, 132, 85), balance_splits(3, 48, 132, 0), balance_splits(2, 48, 132, 85)
+    (5, 3, 2)
+    """
+    def even(s: int) -> bool:
+        ctas = s * ctas_per_split
+        return ctas <= sms or 100 * ctas >= balance_pct * sms * -(-ctas // sms)
+
+    if balance_pct <= 0 or even(splits):
+        return splits
+    for s in range(splits + 1, min(2 * splits, tunables.MAX_SPLITS) + 1):
+        if even(s):
+            return s
+    return splits

@@ -18,7 +18,7 @@ import math
 
 from splitkv_tune import tunables
 from splitkv_tune.analytic import analytic_configs
-from splitkv_tune.interpolation import Q, WAVE_ROUNDING_FROM, fits_block_kv, log2_q16, wave_slots
+from splitkv_tune.interpolation import Q, WAVE_ROUNDING_FROM, balance_splits, fits_block_kv, log2_q16, wave_slots
 from splitkv_tune.selector import (DTYPE_CODES, NEIGHBOURS, SK_DROP_BITS, HeuristicTable, _finalize, _work,
                                    check_domain, class_rows, profiles_for, sk_coord)
 from splitkv_tune.table_schema import MAX_DIM
@@ -138,7 +138,10 @@ def _interpolated_configs(table: HeuristicTable, cands, shape: Shape, starts, co
     row_sk = np.array([table.rows[i][0][7] for i in index.tolist()], dtype=np.int64)[near]
     keys = np.asarray(starts, dtype=np.int64)[:, None] * split_votes[pick, :, j] // row_sk
     cap = np.maximum(1, np.where(has[pick, :, j], keys, 0).max(axis=1))
-    return index[near[:, 0]], d[:, 0] == 0, j, np.minimum(splits, cap)
+    # interpolation.balance_splits, a function of S alone for this shape: looked up per S.
+    even = np.array([balance_splits(s, w, fallback.sms, fallback.sm_balance_pct)
+                     for s in range(tunables.MAX_SPLITS + 1)], dtype=np.int64)
+    return index[near[:, 0]], d[:, 0] == 0, j, even[np.minimum(np.minimum(splits, cap), tunables.MAX_SPLITS)]
 
 
 class KvLenLookup:

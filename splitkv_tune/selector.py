@@ -57,8 +57,8 @@ from splitkv_tune import tunables
 from splitkv_tune.analytic import (GENERIC_PROFILE, MODEL, CostModel, analytic_config,  # noqa: F401
                                    analytic_cost_ns)
 from splitkv_tune.gpus import GpuProfile, profile_for, resolve_gpu
-from splitkv_tune.interpolation import (Q, choose_block_kv, finest_split_cap, fits_block_kv, log2_q16, row_votes,
-                                        splits_from_waves, wave_slots)
+from splitkv_tune.interpolation import (Q, balance_splits, choose_block_kv, finest_split_cap, fits_block_kv,
+                                        log2_q16, row_votes, splits_from_waves, wave_slots)
 from splitkv_tune.paths import data_dir
 from splitkv_tune.table_schema import MAX_DIM, SHAPE_COLUMNS, TableError
 from splitkv_tune.tunables import Config, Shape, block_m_for, ceil_div, smem_bytes
@@ -262,11 +262,15 @@ def _interpolate(table: HeuristicTable, shape: Shape, profile, fallback) -> Sele
     splits = splits_from_waves(log_waves, slots, w)
     cap = finest_split_cap(sk_bucket_start(shape.kv_len),
                            [(table.votes[i][j][2], table.rows[i][0][7]) for i in rows if table.votes[i][j]])
-    cfg = Config(min(splits, cap), tunables.BLOCK_KV[j], base.reduce_threads, base.split_policy)
+    capped = min(splits, cap, tunables.MAX_SPLITS)
+    even = balance_splits(capped, w, fallback.sms, fallback.sm_balance_pct)
+    cfg = Config(even, tunables.BLOCK_KV[j], base.reduce_threads, base.split_policy)
     reason = ("interpolated from rows " + ", ".join(_describe(table, i) for i in rows)
               + f": block_kv {tunables.BLOCK_KV[j]} (their least weighted time ratio), "
               f"{(2 ** (log_waves / (1 << Q))):.2f} waves of {slots} CTAs"
-              + (f", at most S={cap} (their finest split's keys per split)" if cap < splits else ""))
+              + (f", at most S={cap} (their finest split's keys per split)" if cap < splits else "")
+              + (f", S={capped} raised to {even} so that {fallback.sms} SMs share its {w * even} CTAs "
+                 f"evenly (at least {fallback.sm_balance_pct}% of the busiest SM's)" if even != capped else ""))
     return Selection(_finalize(cfg, shape, profile), reason, "interpolated", rows)
 
 

@@ -2321,6 +2321,8 @@ constexpr std::int64_t kSmemPerBlock = 232448;
 // Profile of the analytic fallback (nvidia_h200).
 constexpr std::int64_t kSms = 132, kCopyBwMBps = 4260000, kL2Bytes = 62914560, kFbSmemPerSm = 233472,
                      kFbSmemPerBlock = 232448;
+// The interpolated S is raised until the SMs share its CTAs this evenly (0: never).
+constexpr std::int64_t kSmBalancePct = 85;
 constexpr std::int64_t kLaunchNs = 2000, kTileNs = 600, kMemLatencyNs = 700,
     kMmaFlopPerNsPerSm = 2000,
     kL2SpeedupPct = 250, kCombineSplitNs = 15,
@@ -2491,6 +2493,21 @@ inline std::int64_t nearest_count(std::int64_t target) {
   return lo;
 }
 
+// The interpolated S raised to the first S' in (S, min(2S, kMaxSplits)] whose CTAs (S' x w) the
+// SMs share evenly when S's they do not (interpolation.balance_splits): even when they fit one
+// CTA a SM or their mean per SM is at least kSmBalancePct% of the busiest SM's.
+inline std::int64_t balance_splits(std::int64_t splits, std::int64_t w, std::int64_t sms) {
+  const auto even = [&](std::int64_t s) {
+    const std::int64_t ctas = s * w;
+    return ctas <= sms || 100 * ctas >= kSmBalancePct * sms * ceil_div(ctas, sms);
+  };
+  if (kSmBalancePct <= 0 || even(splits)) return splits;
+  for (std::int64_t s = splits + 1; s <= min64(2 * splits, kMaxSplits); ++s) {
+    if (even(s)) return s;
+  }
+  return splits;
+}
+
 inline int compare_key(const Row& r, int dtype, int d, int causal, const Shape& s) {
   const std::int64_t a[8] = {r.dtype, r.head_dim, r.causal, r.batch, r.q_heads, r.kv_heads, r.q_len, r.kv_len};
   const std::int64_t b[8] = {dtype, d, causal, s.b, s.hq, s.hkv, s.sq, s.sk};
@@ -2620,7 +2637,7 @@ inline bool select_config(int dtype, int head_dim, std::int64_t batch, std::int6
   }
   Config chosen = kRows[ni[0]].config;
   chosen.block_kv = static_cast<int>(bkv);
-  chosen.num_splits = static_cast<int>(min64(min64(splits, cap), kMaxSplits));
+  chosen.num_splits = static_cast<int>(balance_splits(min64(min64(splits, cap), kMaxSplits), w, sms));
   *out = finalize(chosen, s, kProfileKnown, kSmemPerBlock);
   return true;
 }
