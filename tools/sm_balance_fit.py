@@ -28,13 +28,15 @@ def main() -> None:
     parser.add_argument("--table", required=True, help="the shipped heuristics.csv (for --held-out)")
     parser.add_argument("--trials", action="append", required=True, help="the table's trials files")
     parser.add_argument("--held-out", action="append", default=[], help="trials of shapes not in the table")
+    parser.add_argument("--thresholds", default=",".join(map(str, THRESHOLDS)),
+                        help="sm_balance_pct values to try, comma-separated (0: none)")
     args = parser.parse_args()
     gpu = resolve_gpu(args.gpu)
     trials = pd.concat([read_trials(p) for p in args.trials], ignore_index=True)
     table = HeuristicTable(read_heuristics(args.table), gpu=gpu)
     held_out = {p: read_trials(p) for p in args.held_out}
     rows = []
-    for pct in THRESHOLDS:
+    for pct in (int(x) for x in args.thresholds.split(",")):
         profile = dataclasses.replace(profile_for(gpu), sm_balance_pct=pct)
         loo = summarize(evaluate_trials(trials, gpu, leave_one_out=True, profile=profile)["selector_regret"])
         row = {"sm_balance_pct": pct, "leave-one-out": f"{loo['geomean']:.2%} (max {loo['max']:.1%})",
