@@ -68,6 +68,10 @@ def render_profiles_module(path: Path = PROFILES_PATH) -> str:
 @functools.lru_cache(maxsize=None)
 def load_profiles(path: Path = PROFILES_PATH) -> dict[str, GpuProfile]:
     raw = _raw_profiles(path)
+    for key, v in raw.items():
+        balance = v.get("sm_balance_pct", 0)
+        if not isinstance(balance, int) or isinstance(balance, bool) or not 0 <= balance <= 100:
+            raise ValueError(f"{path}: {key}: sm_balance_pct must be an integer in [0, 100], got {balance!r}")
     return {key: GpuProfile(key, int(v["sms"]), float(v["copy_bw_gbps"]), int(v["l2_bytes"]),
                             int(v["smem_per_sm"]), int(v.get("sm_balance_pct", 0)))
             for key, v in raw.items()}

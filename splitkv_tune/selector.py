@@ -30,8 +30,11 @@ the same integer arithmetic, so both choose identically):
      ``S`` in ``[1, 128]`` nearest in log2 to ``log2 W + log2 slots - log2 C`` (ties ->
      smaller S). That ``S`` is at most the finest-split neighbour's keys per split allow at the
      first ``Sk`` of the shape's bucket (:func:`interpolation.finest_split_cap`): waves carried
-     from rows of more KV heads would otherwise cut a small batch into slivers.
-     ``reduce_threads`` and ``split_policy`` are the nearest row's. Logs are fixed
+     from rows of more KV heads would otherwise cut a small batch into slivers. On a GPU whose
+     profile has ``sm_balance_pct`` (``configs/gpus.yaml``), that ``S`` (at most 128) is raised
+     when its ``S * C`` CTAs fall unevenly on the SMs, to the first even ``S'`` up to ``2S``
+     (:func:`interpolation.balance_splits`). ``reduce_threads`` and ``split_policy`` are the
+     nearest row's. Logs are fixed
      point (16 fractional bits) computed with integers only; every division of the rule is a
      floor of non-negative integers.
 3. **Analytic fallback** (fewer than K table rows for that dtype/head_dim/causal/tile height): over
@@ -271,7 +274,10 @@ def _interpolate(table: HeuristicTable, shape: Shape, profile, fallback) -> Sele
               + (f", at most S={cap} (their finest split's keys per split)" if cap < splits else "")
               + (f", S={capped} raised to {even} so that {fallback.sms} SMs share its {w * even} CTAs "
                  f"evenly (at least {fallback.sm_balance_pct}% of the busiest SM's)" if even != capped else ""))
-    return Selection(_finalize(cfg, shape, profile), reason, "interpolated", rows)
+    final = _finalize(cfg, shape, profile)
+    if final.num_splits < even:
+        reason += f", then S={final.num_splits}: at most ceil(Sk / block_kv)"
+    return Selection(final, reason, "interpolated", rows)
 
 
 def _profiles(gpu, table: HeuristicTable | None):

@@ -30,6 +30,8 @@ MAX_DUPLICATE_STREAK = 25
 # unmeasured candidate in grid order instead: on a shape of few candidates TPE keeps proposing
 # the ones it has seen, and the shape would end short of its trial target.
 FILL_AFTER_DUPLICATES = 5
+# The most a worker waits, at random, after stepping back from a claim that raced another's.
+BACK_OFF_S = 0.2
 FATAL_CUDA_MARKERS = ("illegal memory access", "unspecified launch failure",
                       "CUDA error: an illegal", "device-side assert", "misaligned address")
 
@@ -115,9 +117,12 @@ class ShapeRunner:
         the finished measurements and the configs other live trials measure (another worker may
         have claimed one since this runner counted them). Two workers that claimed at once may
         both back off and ask again, rather than both time one config past the target."""
+        running = records.running_configs(self.study)  # first: a trial that ends meanwhile is in done
+        done = self.done()
+        if config in done:  # finished by another worker since this runner looked
+            return True
         if config not in self.counted:
             return False
-        done, running = self.done(), records.running_configs(self.study)
         ahead = sum(c in running and c not in done and c != config for c in self.counted)
         return sum(c in done for c in self.counted) + ahead >= self.target
 
@@ -160,9 +165,11 @@ class ShapeRunner:
     def running_elsewhere(self) -> bool:
         """Whether configs this runner left unmeasured are being measured by other workers
         (which may still die and leave them to be retried)."""
-        if sum(c in self.done() for c in self.counted) >= self.target:
+        done = self.done()
+        if sum(c in done for c in self.counted) >= self.target:
             return False
-        return bool(records.running_configs(self.study))
+        running = records.running_configs(self.study)
+        return any(c in running and c not in done for c in self.counted)
 
     def run(self, shape_bench_factory, deadline: float | None, on_trial=None) -> int:
         """Measure until the target, the candidates or the deadline run out; return trials timed."""
@@ -205,6 +212,7 @@ class ShapeRunner:
             streak = 0
             if self._beyond_target(actual):
                 self._tell(trial, state=optuna.trial.TrialState.FAIL)  # no record: not a trial row
+                time.sleep(random.uniform(0.0, BACK_OFF_S))  # so that two that raced do not again
                 continue
             try:
                 with records.heartbeat(self.storage, trial):

@@ -107,6 +107,16 @@ def test_vectorised_analytic_model_matches_the_scalar_one(gpu, random_shapes):
             assert (cfg.num_splits, cfg.block_kv) == (s, b)
 
 
+@pytest.mark.parametrize("value", [101, -1, 8.5, "85", True])
+def test_a_profile_with_a_bad_sm_balance_pct_is_refused(tmp_path, value):
+    path = tmp_path / "gpus.yaml"
+    entry = {**gpus.read_profiles_yaml(gpus.PROFILES_PATH)["nvidia_h200"], "sm_balance_pct": value}
+    import yaml
+    path.write_text(yaml.safe_dump({"nvidia_h200": entry}))
+    with pytest.raises(ValueError, match=r"nvidia_h200: sm_balance_pct must be an integer in \[0, 100\]"):
+        gpus.load_profiles(path)
+
+
 def test_generated_gpu_profiles_match_the_yaml():
     assert gpus.GENERATED_PATH.read_text() == gpus.render_profiles_module(), \
         "configs/gpus.yaml changed: run `python -m splitkv_tune.gpus`"

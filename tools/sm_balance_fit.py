@@ -32,11 +32,19 @@ def main() -> None:
                         help="sm_balance_pct values to try, comma-separated (0: none)")
     args = parser.parse_args()
     gpu = resolve_gpu(args.gpu)
+    if profile_for(gpu) is None:
+        parser.error(f"--gpu: no profile for {args.gpu!r} in configs/gpus.yaml")
+    try:
+        thresholds = [int(x) for x in args.thresholds.split(",")]
+    except ValueError:
+        parser.error(f"--thresholds must be integers, got {args.thresholds!r}")
+    if not all(0 <= t <= 100 for t in thresholds):
+        parser.error(f"--thresholds must be in [0, 100], got {args.thresholds!r}")
     trials = pd.concat([read_trials(p) for p in args.trials], ignore_index=True)
     table = HeuristicTable(read_heuristics(args.table), gpu=gpu)
     held_out = {p: read_trials(p) for p in args.held_out}
     rows = []
-    for pct in (int(x) for x in args.thresholds.split(",")):
+    for pct in thresholds:
         profile = dataclasses.replace(profile_for(gpu), sm_balance_pct=pct)
         loo = summarize(evaluate_trials(trials, gpu, leave_one_out=True, profile=profile)["selector_regret"])
         row = {"sm_balance_pct": pct, "leave-one-out": f"{loo['geomean']:.2%} (max {loo['max']:.1%})",
