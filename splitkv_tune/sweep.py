@@ -323,6 +323,7 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
             from splitkv_tune import workers
             end = None if plan.time_budget_s is None else start + plan.time_budget_s
             workers.measure_until_done(pending, plan, device, end, after_trial)
+            trial_bar.update(max(0, trial_bar.total - trial_bar.n))  # the rest: timed elsewhere or cut
         status = "completed"
     except (SweepAborted, WorkersFailed):
         status = "aborted"

@@ -74,6 +74,31 @@ def test_workers_stop_at_the_trial_target(grid, tmp_path):
         assert len(timed) == 3  # no trial was timed and then dropped as a second measurement
 
 
+def test_a_sweep_and_a_worker_that_joins_it_stop_at_the_trial_target(tiny_grid_file, tmp_path, request):
+    """A worker started beside a running sweep (no --workers) shares its shapes: together they
+    time exactly --trials configs a shape, the sweep waiting on the configs the worker is
+    finishing rather than timing more."""
+    grid, out = tiny_grid_file(1.5, "slower.yaml"), tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cli = [sys.executable, "-m", "splitkv_tune.cli"]
+    sweep_proc = subprocess.Popen([*cli, "sweep", *sweep_args(grid, out, "--trials", "3")], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  start_new_session=True)
+    request.addfinalizer(lambda: kill_session(sweep_proc))
+    journal, deadline = out / "optuna.journal", time.monotonic() + 60
+    while time.monotonic() < deadline and not (journal.exists() and journal.stat().st_size > 0):
+        time.sleep(0.1)
+    worker = subprocess.run([*cli, "worker", "--storage", str(journal), "--backend", "reference",
+                             "--grid", str(grid), "--trials", "3", "--name", "joined"],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert worker.returncode == 0, worker.stderr
+    _, stderr = sweep_proc.communicate(timeout=300)
+    assert sweep_proc.returncode == 0, stderr
+    trials = pd.read_csv(out / "trials.csv")
+    assert trials.groupby("study").size().tolist() == [3, 3]
+    assert "joined" in set(trials.worker)  # the worker took part
+
+
 def kill_session(proc) -> None:
     """Kill what is left of ``proc`` and the workers it started (its session)."""
     if proc.poll() is None:
