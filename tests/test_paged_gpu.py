@@ -239,6 +239,37 @@ def test_load_aware_plan_is_the_hosts(ops, cuda_gen, lengths, merge, base, want_
     _check(q, out, lse, keys, lengths, False)
 
 
+@pytest.mark.parametrize("kv_heads", [1, 8])
+def test_load_aware_plan_past_one_warp_is_the_hosts(ops, cuda_gen, kv_heads):
+    """Batches of 40, 129 and 300 sequences (past one warp's 32 and the CTA's 128 threads, whose
+    tally the device sums across warps) in many size classes, padded slots among them, at base
+    knob 1 (five choices: warp 0 estimates two): the knob the device leaves in the workspace's
+    plan slot is the host rule's, and the output is that knob's, bit for bit."""
+    from splitkv_tune import _rules
+    q_heads = 4 * kv_heads
+    chosen = []
+    for batch in (40, 129, 300):
+        rnd = random.Random(batch)
+        lengths = [0 if i % 7 == 3 else min(6000, int(rnd.lognormvariate(6.5, 1.2))) for i in range(batch)]
+        q, k, v, table, _ = _batch(cuda_gen, lengths, page_size=64, q_heads=q_heads, kv_heads=kv_heads)
+        bkv, knob, bound = live.resolve_knobs(batch, 128, kv_heads, 4, torch.cuda.get_device_properties(0)
+                                              .multi_processor_count, min_blocks_per_split=1, max_splits=64)
+        assert _rules.live_plan_choices(knob, bkv) == 5
+        ctas = live.launch_grid(q, kv_heads, bkv, knob, bound)
+        host = plan.plan_min_blocks(lengths, kv_heads=kv_heads, packed_rows=4, ctas=ctas, block_kv=bkv,
+                                    min_blocks_per_split=knob, max_splits=bound)
+        workspace = nan_workspace(live.workspace_size(q, bound))
+        out, lse = _run(ops, q, k, v, table, lengths, min_blocks_per_split=knob, max_splits=bound,
+                        split_plan="load_aware", workspace=workspace)
+        plan_slot = _rules.workspace_sections(bound, batch, q_heads, 1, 128)[2]  # where the live workspace goes on
+        device = int(workspace[plan_slot:plan_slot + 4].view(torch.int32).item())
+        assert device == host, f"{batch} sequences on {ctas} CTAs: the device chose {device}, the host {host}"
+        fixed = _run(ops, q, k, v, table, lengths, block_kv=bkv, min_blocks_per_split=host, max_splits=bound)
+        assert torch.equal(out, fixed[0]) and torch.equal(lse, fixed[1]), f"{batch} sequences: other bits"
+        chosen.append(host)
+    assert len(set(chosen)) > 1, f"every batch chose {chosen[0]}: the estimates were not told apart"
+
+
 @pytest.mark.parametrize("dtype,head_dim,q_heads,kv_heads,q_len", [
     ("bf16", 128, 32, 8, 1), ("bf16", 128, 8, 1, 1), ("fp16", 64, 32, 32, 1), ("bf16", 256, 32, 8, 4),
     ("fp16", 96, 32, 4, 4)])

@@ -23,9 +23,9 @@
 // without a fill kernel (fused_merge.h does the same).
 //
 // Before the order, a launch whose min_blocks_per_split was "load_aware" (p.plan_choices > 1) chooses
-// its knob from the lengths (live_plan.h, the load-aware plan): every CTA tallies the batch for each
-// choice, and the estimates pick one, the same in every CTA; a launch whose items at the knob as
-// given fit its CTAs keeps that knob and tallies nothing.
+// its knob from the lengths (live_plan.h, the load-aware plan): every CTA tallies the batch for every
+// choice in one pass, and the estimates pick one, the same in every CTA; a launch whose items at the
+// knob as given fit its CTAs keeps that knob and estimates nothing.
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -52,6 +52,7 @@ class LiveScheduler {
         counts_(next_ + rules::kScheduleHeaderInts),
         order_(counts_ + kNWarps * rules::kSizeClasses),
         prefix_(order_ + p.batch),
+        blocks_(reinterpret_cast<long long*>(next_ + 2)),
         tallies_(reinterpret_cast<rules::LivePlanTally*>(next_ + rules::live_schedule_ints(p.batch))),
         estimates_(reinterpret_cast<int64_t*>(tallies_ + rules::kLivePlanChoices)) {}
 
@@ -124,67 +125,43 @@ class LiveScheduler {
 
   // min_blocks_: p.min_blocks_per_split, or with p.plan_choices > 1 the choice of
   // rules::live_plan_min_blocks for this batch and grid: the knob as given when its items fit
-  // the CTAs (fits_one_wave), else the estimates' pick (estimated_choice). CTA 0 leaves the
-  // choice in the workspace for the combine kernel.
+  // the CTAs (fits_one_wave), else the estimates' pick. CTA 0 leaves the choice in the workspace
+  // for the combine kernel.
+  //
+  // Why it is laid out so: choosing is latency before a CTA's first item. Each choice's own pass
+  // over the batch, and warp 0 estimating two choices one after the other, cost 2-7 us (more
+  // with the batch; docs/PERFORMANCE.md), so the batch is tallied once for every choice with
+  // the choices' chains of warp collectives side by side, and each warp estimates its choices
+  // side by side too.
   template <int kBlockKV>
   CUTE_DEVICE void choose_min_blocks(const SplitParams& p) {
     min_blocks_ = p.min_blocks_per_split;
     if (p.plan_choices <= 1) return;
-    if (!fits_one_wave<kBlockKV>(p)) min_blocks_ = estimated_choice<kBlockKV>(p);
+    if (!fits_one_wave<kBlockKV>(p)) {
+      tally_choices<kBlockKV>(p);
+      const int j = threadIdx.x / 32, lane = threadIdx.x % 32;
+      if (j < p.plan_choices) {
+        static_assert(rules::kLivePlanChoices <= 2 * kNWarps, "a warp estimates at most two choices");
+        const bool second = j + kNWarps < p.plan_choices;
+        int64_t estimate[2];
+        warp_estimates<kBlockKV>(tallies_ + j, second ? kNWarps : 0, *blocks_, p.kv_heads * p.num_m_blocks,
+                                 int(gridDim.x), lane, estimate);
+        if (lane == 0) {
+          estimates_[j] = estimate[0];
+          if (second) estimates_[j + kNWarps] = estimate[1];
+        }
+      }
+      __syncthreads();
+      min_blocks_ = p.min_blocks_per_split << rules::live_plan_pick(estimates_, p.plan_choices);
+    }
     if (threadIdx.x == 0 && blockIdx.x == 0 && p.ws_plan != nullptr) *p.ws_plan = min_blocks_;
   }
 
-  // rules::live_plan_pick over the estimates of the knob's multiples, the same in every thread.
-  // Warp w tallies choices w, w + kNWarps, ... over the whole batch (two shared atomics per size
-  // class present in 32 sequences) and estimates each with a lane per class; then thread 0
-  // picks. It costs a launch about 2 us, mostly the tally loops (docs/NOTES.md, session 14),
-  // which is why the plan is an option.
-  template <int kBlockKV>
-  CUTE_DEVICE int estimated_choice(const SplitParams& p) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    long long blocks = 0;  // the batch's live blocks, summed in the warp's first pass
-    for (int j = warp; j < p.plan_choices; j += kNWarps) {
-      rules::LivePlanTally& t = tallies_[j];
-      t.splits[lane] = 0;
-      t.max_blocks[lane] = 0;
-      __syncwarp();
-      for (int i0 = 0; i0 < p.batch; i0 += 32) {
-        const bool valid = i0 + lane < p.batch;
-        const int len = valid ? __ldg(p.seqlens + i0 + lane) : 0;
-        if (j == warp) blocks += __reduce_add_sync(0xffffffffu, unsigned(rules::ceil_div(len, kBlockKV)));
-        const rules::LivePlanShare share =
-            rules::live_plan_share(len, kBlockKV, p.min_blocks_per_split << j, p.num_splits);
-        const int c = valid ? share.size_class : rules::kSizeClasses;
-        unsigned left = __ballot_sync(0xffffffffu, valid);
-        while (left) {
-          const int leader = __ffs(left) - 1;
-          const bool mine = c == __shfl_sync(0xffffffffu, c, leader);
-          const int splits = __reduce_add_sync(0xffffffffu, mine ? share.splits : 0);
-          const unsigned largest =
-              __reduce_max_sync(0xffffffffu, mine ? unsigned(share.blocks_per_split) : 0u);
-          if (lane == leader) {
-            atomicAdd(&t.splits[c], splits);
-            atomicMax(&t.max_blocks[c], int(largest));
-          }
-          left &= ~__ballot_sync(0xffffffffu, mine);
-        }
-      }
-      __syncwarp();
-      const int64_t estimate =
-          warp_estimate<kBlockKV>(t, blocks, p.kv_heads * p.num_m_blocks, int(gridDim.x), lane);
-      if (lane == 0) estimates_[j] = estimate;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) next_[1] = p.min_blocks_per_split << rules::live_plan_pick(estimates_, p.plan_choices);
-    __syncthreads();
-    return next_[1];
-  }
-
   // rules::live_plan_fits_one_wave of the knob as given, the same in every thread: each thread
-  // sums the splits of its share of the batch into next_[2].
+  // sums the splits of its share of the batch into next_[1].
   template <int kBlockKV>
   CUTE_DEVICE bool fits_one_wave(const SplitParams& p) {
-    if (threadIdx.x == 0) next_[2] = 0;
+    if (threadIdx.x == 0) next_[1] = 0;
     __syncthreads();
     int splits = 0;
     for (int i = threadIdx.x; i < p.batch; i += kNThreads) {
@@ -192,50 +169,124 @@ class LiveScheduler {
     }
     // Counts of items are below 2^30 (bindings.cpp): 32-bit sums.
     splits = int(__reduce_add_sync(0xffffffffu, unsigned(splits)));
-    if (threadIdx.x % 32 == 0) atomicAdd(next_ + 2, splits);
+    if (threadIdx.x % 32 == 0) atomicAdd(next_ + 1, splits);
     __syncthreads();
-    return int64_t(next_[2]) * p.kv_heads * p.num_m_blocks <= int64_t(gridDim.x);
+    return int64_t(next_[1]) * p.kv_heads * p.num_m_blocks <= int64_t(gridDim.x);
   }
 
-  // rules::live_plan_estimate of tally t, by the warp: lane c holds size class c, lane k - 1
-  // wave k's bound. Counts of items are below 2^30 (bindings.cpp): 32-bit shuffles.
+  // tallies_[j] for every choice j < p.plan_choices and *blocks_ (the batch's live blocks), in
+  // one pass over the batch: each thread takes a sequence and adds it to every choice's tally.
+  // Per choice, the sequences of lane 0's size class go in as one warp sum (a uniform batch's
+  // whole warp), the others with shared atomics of their own. Sums and maxima of integers: the
+  // tallies are the serial ones (rules::live_plan_knob_estimate) whatever the order. Each step
+  // is done for every choice before the next step, with no branch between, so that the
+  // choices' latencies overlap.
   template <int kBlockKV>
-  CUTE_DEVICE static int64_t warp_estimate(const rules::LivePlanTally& t, int64_t blocks, int tiles, int ctas,
-                                           int lane) {
-    int upto = t.splits[lane] * tiles;  // items of classes <= lane
+  CUTE_DEVICE void tally_choices(const SplitParams& p) {
+    constexpr int kChoices = rules::kLivePlanChoices;
+    const int lane = threadIdx.x % 32;
+    for (int i = threadIdx.x; i < p.plan_choices * rules::kSizeClasses; i += kNThreads) {
+      tallies_[i / rules::kSizeClasses].splits[i % rules::kSizeClasses] = 0;
+      tallies_[i / rules::kSizeClasses].max_blocks[i % rules::kSizeClasses] = 0;
+    }
+    if (threadIdx.x == 0) *blocks_ = 0;
+    __syncthreads();
+    unsigned long long blocks = 0;  // the warp's sequences' blocks
+    for (int i0 = 0; i0 < p.batch; i0 += kNThreads) {
+      const int i = i0 + int(threadIdx.x);
+      const bool valid = i < p.batch;  // the valid lanes of a warp come first
+      const int len = valid ? __ldg(p.seqlens + i) : 0;
+      // Under 2^26 blocks a sequence: a 32-bit sum over the warp.
+      blocks += __reduce_add_sync(0xffffffffu, unsigned(rules::ceil_div(len, kBlockKV)));
+      rules::LivePlanShare share[kChoices];  // choices past p.plan_choices are computed, not tallied
+      int c0[kChoices], splits[kChoices], largest[kChoices];
+      CUTE_UNROLL
+      for (int j = 0; j < kChoices; ++j) {
+        share[j] = rules::live_plan_share(len, kBlockKV, p.min_blocks_per_split << j, p.num_splits);
+        if (!valid) share[j].size_class = rules::kSizeClasses;
+      }
+      CUTE_UNROLL
+      for (int j = 0; j < kChoices; ++j) c0[j] = __shfl_sync(0xffffffffu, share[j].size_class, 0);
+      CUTE_UNROLL
+      for (int j = 0; j < kChoices; ++j) {
+        const bool in_c0 = share[j].size_class == c0[j];
+        splits[j] = int(__reduce_add_sync(0xffffffffu, in_c0 ? unsigned(share[j].splits) : 0u));
+        largest[j] = int(__reduce_max_sync(0xffffffffu, in_c0 ? unsigned(share[j].blocks_per_split) : 0u));
+      }
+      CUTE_UNROLL
+      for (int j = 0; j < kChoices; ++j) {
+        rules::LivePlanTally& t = tallies_[j];
+        const bool tallied = j < p.plan_choices;
+        if (tallied && lane == 0 && c0[j] < rules::kSizeClasses) {
+          atomicAdd(&t.splits[c0[j]], splits[j]);
+          atomicMax(&t.max_blocks[c0[j]], largest[j]);
+        }
+        if (tallied && valid && share[j].size_class != c0[j]) {
+          atomicAdd(&t.splits[share[j].size_class], share[j].splits);
+          atomicMax(&t.max_blocks[share[j].size_class], share[j].blocks_per_split);
+        }
+      }
+    }
+    if (lane == 0) atomicAdd(reinterpret_cast<unsigned long long*>(blocks_), blocks);
+    __syncthreads();
+  }
+
+  // rules::live_plan_estimate of tallies t[0] and, when second is non-zero, t[second], by the
+  // warp: lane c holds size class c, lane k - 1 wave k's bound. Counts of items are below 2^30
+  // (bindings.cpp): 32-bit shuffles.
+  template <int kBlockKV>
+  CUTE_DEVICE static void warp_estimates(const rules::LivePlanTally* t, int second, int64_t blocks, int tiles,
+                                         int ctas, int lane, int64_t (&finish)[2]) {
+    const rules::LivePlanTally* tally[2] = {t, t + second};
+    int upto[2], items[2], largest[2];
+    int64_t rate[2];
+    CUTE_UNROLL
+    for (int n = 0; n < 2; ++n) upto[n] = tally[n]->splits[lane] * tiles;  // items of classes <= lane
     CUTE_UNROLL
     for (int d = 1; d < 32; d *= 2) {
-      const int below = __shfl_up_sync(0xffffffffu, upto, d);
-      if (lane >= d) upto += below;
+      CUTE_UNROLL
+      for (int n = 0; n < 2; ++n) {
+        const int below = __shfl_up_sync(0xffffffffu, upto[n], d);
+        if (lane >= d) upto[n] += below;
+      }
     }
-    const int items = __shfl_sync(0xffffffffu, upto, 31);
-    const int largest = int(__reduce_max_sync(0xffffffffu, unsigned(t.max_blocks[lane])));
-    const int64_t rate = rules::live_plan_rate(items, ctas);
-    int64_t finish = rules::live_plan_base(blocks, tiles, items, largest, rate, ctas, kBlockKV);
+    CUTE_UNROLL
+    for (int n = 0; n < 2; ++n) {
+      items[n] = __shfl_sync(0xffffffffu, upto[n], 31);
+      largest[n] = int(__reduce_max_sync(0xffffffffu, unsigned(tally[n]->max_blocks[lane])));
+      rate[n] = rules::live_plan_rate(items[n], ctas);
+      finish[n] = rules::live_plan_base(blocks, tiles, items[n], largest[n], rate[n], ctas, kBlockKV);
+    }
     // Wave k's class: the first whose running count exceeds k * ctas (a binary search over the
     // lanes' counts, each lane its own k).
     const int k = lane + 1;
     const int64_t rank = int64_t(k) * ctas;
-    int lo = 0, hi = rules::kSizeClasses - 1;
+    int lo[2] = {0, 0}, hi[2] = {rules::kSizeClasses - 1, rules::kSizeClasses - 1};
     CUTE_UNROLL
     for (int step = 0; step < 5; ++step) {
-      const int mid = (lo + hi) / 2;
-      if (__shfl_sync(0xffffffffu, upto, mid) > rank) {
-        hi = mid;
-      } else {
-        lo = mid + 1 < hi ? mid + 1 : hi;
+      CUTE_UNROLL
+      for (int n = 0; n < 2; ++n) {
+        const int mid = (lo[n] + hi[n]) / 2;
+        if (__shfl_sync(0xffffffffu, upto[n], mid) > rank) {
+          hi[n] = mid;
+        } else {
+          lo[n] = mid + 1 < hi[n] ? mid + 1 : hi[n];
+        }
       }
     }
-    const int wave_blocks = __shfl_sync(0xffffffffu, t.max_blocks[lane], lo);
-    if (k <= rules::kLivePlanMaxWaves && rank < items) {
-      const int64_t bound = rules::live_plan_wave_bound(k, wave_blocks, rate, ctas, kBlockKV);
-      finish = finish > bound ? finish : bound;
+    CUTE_UNROLL
+    for (int n = 0; n < 2; ++n) {
+      const int wave_blocks = __shfl_sync(0xffffffffu, tally[n]->max_blocks[lane], lo[n]);
+      if (k <= rules::kLivePlanMaxWaves && rank < items[n]) {
+        const int64_t bound = rules::live_plan_wave_bound(k, wave_blocks, rate[n], ctas, kBlockKV);
+        finish[n] = finish[n] > bound ? finish[n] : bound;
+      }
+      // The warp's largest (non-negative) value: high words first, then the low words among them.
+      const unsigned high = __reduce_max_sync(0xffffffffu, unsigned(uint64_t(finish[n]) >> 32));
+      const unsigned low =
+          __reduce_max_sync(0xffffffffu, unsigned(uint64_t(finish[n]) >> 32) == high ? unsigned(finish[n]) : 0u);
+      finish[n] = int64_t((uint64_t(high) << 32) | low);
     }
-    // The warp's largest (non-negative) value: high words first, then the low words among them.
-    const unsigned high = __reduce_max_sync(0xffffffffu, unsigned(uint64_t(finish) >> 32));
-    const unsigned low =
-        __reduce_max_sync(0xffffffffu, unsigned(uint64_t(finish) >> 32) == high ? unsigned(finish) : 0u);
-    return int64_t((uint64_t(high) << 32) | low);
   }
 
   // Size class of sequence b under the plan's knob (rules::size_class of its blocks per split).
@@ -314,6 +365,7 @@ class LiveScheduler {
   }
 
   int* next_;    // [1] the item every thread takes next
+  long long* blocks_;  // [1] the batch's live blocks, for the plan's estimates (header ints 2-3)
   int* counts_;  // [kNWarps][kSizeClasses]
   int* order_;   // [batch]
   int* prefix_;  // [batch + 1]
