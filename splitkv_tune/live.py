@@ -14,7 +14,7 @@ cache's capacity. The knobs are fixed per call signature (and so at capture):
   :func:`splitkv_tune.plan.plan_min_blocks`): that knob times 1, 2, 4, ..., whichever the
   plan's estimate of the schedule finishes first. It wins on batches of similar lengths (16 x
   8K: 7-9% faster, 4 x 32K: 16-18%) and costs a launch 0.2-0.4 µs where the knob's items fit
-  the GPU's CTAs and more where it estimates (about 2 µs at 16 sequences, 4.6-6.1 µs at 256-300 on
+  the GPU's CTAs and more where it estimates (2-3 µs at 16-32 sequences, 4.6-6.1 µs at 256-300 on
   an H100), so it is not the default (the batch table chooses it per class); a sequence's
   bits then depend on the other lengths.
 * ``max_splits``: the bound on any sequence's splits, which sizes the workspace (the grid is

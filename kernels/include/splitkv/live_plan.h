@@ -24,9 +24,9 @@ namespace rules {
 // most, splits of at most kLivePlanMaxKeysPerSplit keys), the one whose schedule the estimate
 // below finishes first, and the knob itself unless another gains kLivePlanMarginPct or its items
 // fit the launch's CTAs (live_plan_fits_one_wave). The choice depends on every length of the
-// batch, so a sequence's bits do too. Choosing costs every CTA time before its first item (0.2-0.4
-// us when the knob's items fit the CTAs, about 2 us estimating at 16 sequences, 4.6-6.1 us at 256-300),
-// which is why it is not the "auto" knob (docs/PERFORMANCE.md).
+// batch, so a sequence's bits do too. Choosing costs every CTA time before its first item
+// (0.2-0.4 us when the knob's items fit the CTAs; estimating, 2-3 us at 16-32 sequences and
+// 4.6-6.1 us at 256-300), which is why it is not the "auto" knob (docs/PERFORMANCE.md).
 //
 // The estimate is a list-scheduling bound on the CTAs' finishing time: an item of p blocks
 // costs p * rate + kLivePlanItemKeys / block_kv blocks; the rate is 1 when the items fill the

@@ -128,11 +128,10 @@ class LiveScheduler {
   // the CTAs (fits_one_wave), else the estimates' pick. CTA 0 leaves the choice in the workspace
   // for the combine kernel.
   //
-  // Why it is laid out so: choosing is latency before a CTA's first item. Each choice's own pass
-  // over the batch, and warp 0 estimating two choices one after the other, cost 2-7 us (more
-  // with the batch; docs/PERFORMANCE.md), so the batch is tallied once for every choice with
-  // the choices' chains of warp collectives side by side, and each warp estimates its choices
-  // side by side too.
+  // Why it is laid out so: choosing is latency before a CTA's first item. With each choice's own
+  // pass over the batch it cost 7-10 us at 256-300 sequences, with one pass for all 4.6-6.1 (H100,
+  // docs/PERFORMANCE.md). The one-wave check stays a pass of its own: folded into the tally, it
+  // made every launch pay the tallies (1.0-1.4 us where the items fit one wave).
   template <int kBlockKV>
   CUTE_DEVICE void choose_min_blocks(const SplitParams& p) {
     min_blocks_ = p.min_blocks_per_split;
@@ -180,7 +179,7 @@ class LiveScheduler {
   // whole warp), the others with shared atomics of their own. Sums and maxima of integers: the
   // tallies are the serial ones (rules::live_plan_knob_estimate) whatever the order. Each step
   // is done for every choice before the next step, with no branch between, so that the
-  // choices' latencies overlap.
+  // compiler may overlap the choices' latencies.
   template <int kBlockKV>
   CUTE_DEVICE void tally_choices(const SplitParams& p) {
     constexpr int kChoices = rules::kLivePlanChoices;
