@@ -49,10 +49,10 @@ class LiveScheduler {
   // after the split kernel's own (tallies_ and estimates_ only when p.plan_choices > 1).
   CUTE_DEVICE LiveScheduler(const SplitParams& p, char* schedule)
       : next_(reinterpret_cast<int*>(schedule)),
+        blocks_(reinterpret_cast<long long*>(next_ + 2)),
         counts_(next_ + rules::kScheduleHeaderInts),
         order_(counts_ + kNWarps * rules::kSizeClasses),
         prefix_(order_ + p.batch),
-        blocks_(reinterpret_cast<long long*>(next_ + 2)),
         tallies_(reinterpret_cast<rules::LivePlanTally*>(next_ + rules::live_schedule_ints(p.batch))),
         estimates_(reinterpret_cast<int64_t*>(tallies_ + rules::kLivePlanChoices)) {}
 
@@ -363,7 +363,7 @@ class LiveScheduler {
     __syncthreads();
   }
 
-  int* next_;    // [1] the item every thread takes next
+  int* next_;    // the header's ints: [0] the item every thread takes next, [1] the one-wave split count
   long long* blocks_;  // [1] the batch's live blocks, for the plan's estimates (header ints 2-3)
   int* counts_;  // [kNWarps][kSizeClasses]
   int* order_;   // [batch]

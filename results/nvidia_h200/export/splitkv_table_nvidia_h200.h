@@ -399,8 +399,9 @@ namespace rules {
 // most, splits of at most kLivePlanMaxKeysPerSplit keys), the one whose schedule the estimate
 // below finishes first, and the knob itself unless another gains kLivePlanMarginPct or its items
 // fit the launch's CTAs (live_plan_fits_one_wave). The choice depends on every length of the
-// batch, so a sequence's bits do too. Choosing costs every CTA about 2 us before its first item,
-// which is why it is not the "auto" knob (docs/PERFORMANCE.md).
+// batch, so a sequence's bits do too. Choosing costs every CTA time before its first item
+// (0.2-0.4 us when the knob's items fit the CTAs; estimating, 2-3 us at 16-32 sequences and
+// 4.6-6.1 us at 256-300), which is why it is not the "auto" knob (docs/PERFORMANCE.md).
 //
 // The estimate is a list-scheduling bound on the CTAs' finishing time: an item of p blocks
 // costs p * rate + kLivePlanItemKeys / block_kv blocks; the rate is 1 when the items fill the
@@ -545,7 +546,7 @@ SPLITKV_HOST_DEVICE constexpr int64_t live_plan_knob_estimate(const Length* leng
 
 // Whether the knob's items (live_splits per sequence, times tiles) fit the launch's CTAs, one
 // item each. Such a launch keeps the knob without estimating the others: a coarser knob only
-// lengthens the longest item, and the choosing costs every CTA about 2 us before its first
+// lengthens the longest item, and estimating costs every CTA about 2 us before its first
 // item, the whole of a small batch's loss to the knob as given (docs/PERFORMANCE.md: 1 x 4K
 // 15.5 against 13.4 us). The estimate did coarsen some such batches (1 x 32K at 8 KV heads, m4 to
 // m16: 43.5 against 41.1 us), from the rate it gives items that leave CTAs idle.
@@ -572,8 +573,8 @@ SPLITKV_HOST_DEVICE constexpr int live_plan_min_blocks(const int* lengths, int b
 }
 
 // The persistent schedule of a paged / variable-length launch (tile_scheduler.h). Its shared
-// memory, after the split kernel's own: a header (the next work item, the plan's knob, the
-// one-wave check's split count), the sequences' size classes counted per warp, the batch in
+// memory, after the split kernel's own: a header (the next work item, the one-wave check's split
+// count, the batch's live blocks for the plan's estimates: 8-byte aligned), the sequences' size classes counted per warp, the batch in
 // schedule order and that order's prefix of splits, then, when the launch chooses its knob, the
 // plan's tallies and estimates (8-byte aligned).
 inline constexpr int kScheduleHeaderInts = 4;
