@@ -246,6 +246,9 @@ PYBIND11_MODULE(_rules, m) {
     return py::make_tuple(w.m_offset, w.l_offset, w.total);
   }, py::arg("num_splits"), py::arg("batch"), py::arg("q_heads"), py::arg("q_len"), py::arg("head_dim"),
         py::arg("live") = false);
+  m.def("workspace_plan_offset", [](int num_splits, int batch, int q_heads, int q_len, int head_dim) {
+    return rules::workspace_sections(num_splits, batch, q_heads, q_len, head_dim, true).plan_offset;
+  }, py::arg("num_splits"), py::arg("batch"), py::arg("q_heads"), py::arg("q_len"), py::arg("head_dim"));
   m.def("tile_counter_count", &rules::tile_counter_count, py::arg("batch"), py::arg("kv_heads"),
         py::arg("packed_rows"));
   m.def("spread_ctas_per_sm", &rules::spread_ctas_per_sm, py::arg("ctas"), py::arg("num_sms"),

@@ -261,7 +261,7 @@ def test_load_aware_plan_past_one_warp_is_the_hosts(ops, cuda_gen, kv_heads):
         workspace = nan_workspace(live.workspace_size(q, bound))
         out, lse = _run(ops, q, k, v, table, lengths, min_blocks_per_split=knob, max_splits=bound,
                         split_plan="load_aware", workspace=workspace)
-        plan_slot = _rules.workspace_sections(bound, batch, q_heads, 1, 128)[2]  # where the live workspace goes on
+        plan_slot = _rules.workspace_plan_offset(bound, batch, q_heads, 1, 128)
         device = int(workspace[plan_slot:plan_slot + 4].view(torch.int32).item())
         assert device == host, f"{batch} sequences on {ctas} CTAs: the device chose {device}, the host {host}"
         fixed = _run(ops, q, k, v, table, lengths, block_kv=bkv, min_blocks_per_split=host, max_splits=bound)

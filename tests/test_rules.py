@@ -87,6 +87,9 @@ def test_workspace_sections_are_aligned_and_sized():
     assert m_off >= rows * 128 * 4 and l_off - m_off >= rows * 4 and total - l_off >= rows * 4
     assert m_off % align == 0 and l_off % align == 0 and total % align == 0
     assert _rules.workspace_sections(1, 2, 32, 3, 128) == (0, 0, 0)
+    # A live workspace's last aligned slot holds the load-aware plan's knob.
+    plan_slot = _rules.workspace_plan_offset(16, 2, 32, 3, 128)
+    assert plan_slot == total and _rules.workspace_sections(16, 2, 32, 3, 128, live=True)[2] == plan_slot + align
 
 
 def test_split_range_rejects_bad_arguments():

@@ -199,9 +199,9 @@ SPLITKV_HOST_DEVICE constexpr int live_plan_min_blocks(const int* lengths, int b
 
 // The persistent schedule of a paged / variable-length launch (tile_scheduler.h). Its shared
 // memory, after the split kernel's own: a header (the next work item, the one-wave check's split
-// count, the batch's live blocks for the plan's estimates: 8-byte aligned), the sequences' size classes counted per warp, the batch in
-// schedule order and that order's prefix of splits, then, when the launch chooses its knob, the
-// plan's tallies and estimates (8-byte aligned).
+// count, the batch's live blocks for the plan's estimates: 8-byte aligned), the sequences' size
+// classes counted per warp, the batch in schedule order and that order's prefix of splits, then,
+// when the launch chooses its knob, the plan's tallies and estimates (8-byte aligned).
 inline constexpr int kScheduleHeaderInts = 4;
 SPLITKV_HOST_DEVICE constexpr int live_schedule_ints(int batch) {
   return (kScheduleHeaderInts + kNumWarps * kSizeClasses + 2 * batch + 1 + 1) / 2 * 2;
