@@ -24,8 +24,8 @@ def snapshot(storage, plan) -> dict:
                 key = owner.get("worker") or f"{owner.get('host', '?')}:{owner.get('pid', '?')}"
                 per_worker.setdefault(key, {"done": 0, "failed": 0, "running": 0})
                 per_worker[key]["running"] += 1
-        # Each config once, as trials.csv holds it: two workers that raced to one config both
-        # measured it, and the second measurement is not progress.
+        # Each config once, as trials.csv holds it: a config measured again (its first trial
+        # wrongly judged stale) is not progress.
         for trial in records.measured_trials(study).values():
             record = trial.user_attrs[records.RECORD_ATTR]
             counts = per_worker.setdefault(record.get("worker") or "?",

@@ -12,9 +12,9 @@
   got an owner within ``UNCLAIMED_S``); a running trial of another live sweep is left alone.
   On an RDB storage, Optuna's heartbeat also fails trials of any host that stopped beating.
 * ``trials.csv`` is rebuilt from the storage, never appended to, so it always matches it, with
-  the first measurement of each config only: workers that raced to the same config (rare: each
-  checks for a live trial of it after naming itself its owner) measure it twice, but it counts
-  once.
+  the first measurement of each config only. Two workers do not both measure one config (each
+  steps back from a config another live trial claims, after naming itself its owner), but a
+  trial wrongly judged stale could be measured again, and that second measurement counts once.
 """
 from __future__ import annotations
 
@@ -104,12 +104,21 @@ def heartbeat(storage, trial: optuna.Trial):
         thread.join()
 
 
-def claim(trial: optuna.Trial, config: Config, worker: str | None = None) -> None:
+def claim(trial: optuna.Trial, config: Config, worker: str | None = None) -> int | None:
     """Record this process (and its worker name, which the progress view counts running trials
-    under) as the owner of ``trial``, which measures ``config``."""
+    under) as the owner of ``trial``, which measures ``config``; return the number of another
+    live trial that claims ``config`` too, if any, in which case this one must not measure it.
+
+    The rival is any other live claim, not only a lower-numbered one: trial numbers are given
+    when a trial is asked for (or enqueued), not when it is claimed, so a lower number can claim
+    later. Each claim is written before the claims are read, so of two claims of one config the
+    later-written one sees the earlier: at most one of them measures (both may step back)."""
     _ACTIVE_TRIAL_IDS.add(trial._trial_id)
     named = {"worker": worker} if worker else {}
     trial.set_user_attr(OWNER_ATTR, {**this_process(), **dataclasses.asdict(config), **named})
+    rivals = [t.number for t in _running_trials(trial.study)
+              if t.number != trial.number and config_of(t) == config and not is_stale(t)]
+    return min(rivals, default=None)
 
 
 def release(trial: optuna.Trial) -> None:
@@ -179,10 +188,14 @@ def is_stale(trial: optuna.trial.FrozenTrial) -> bool:
     return owner.get("host") == platform.node() and not _process_alive(owner, trial._trial_id)
 
 
+def _running_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(_RUNNING,))
+
+
 def running_configs(study: optuna.Study) -> dict[Config, int]:
     """Configs that live trials are measuring now, with the lowest such trial number."""
     running = {}
-    for trial in study.get_trials(deepcopy=False, states=(_RUNNING,)):
+    for trial in _running_trials(study):
         config = config_of(trial)
         if config is not None and not is_stale(trial):
             running.setdefault(config, trial.number)
@@ -196,7 +209,7 @@ def recover_interrupted(study: optuna.Study) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         fail_stale_trials(study)  # Optuna's heartbeat, where the storage has one
-    stale = [t for t in study.get_trials(deepcopy=False, states=(_RUNNING,)) if is_stale(t)]
+    stale = [t for t in _running_trials(study) if is_stale(t)]
     for trial in stale:
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
     return len(stale)
@@ -211,7 +224,7 @@ def trial_rows(study: optuna.Study) -> list[dict]:
     seen = set()
     for trial in study.get_trials(deepcopy=False):
         if not is_measurement(trial) or config_of(trial) in seen:
-            continue  # a second measurement of a config (two workers raced) counts once
+            continue  # a config measured again (a trial wrongly judged stale) counts once
         seen.add(config_of(trial))
         record = trial.user_attrs[RECORD_ATTR]
         row = {"gpu": study.user_attrs.get("gpu"), "study": study.study_name,

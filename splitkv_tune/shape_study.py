@@ -30,7 +30,8 @@ MAX_DUPLICATE_STREAK = 25
 # unmeasured candidate in grid order instead: on a shape of few candidates TPE keeps proposing
 # the ones it has seen, and the shape would end short of its trial target.
 FILL_AFTER_DUPLICATES = 5
-# The most a worker waits, at random, after stepping back from a claim that raced another's.
+# The most a worker waits, at random, after stepping back from a claim that raced another's
+# (both may step back; waiting apart, they do not race again).
 BACK_OFF_S = 0.2
 FATAL_CUDA_MARKERS = ("illegal memory access", "unspecified launch failure",
                       "CUDA error: an illegal", "device-side assert", "misaligned address")
@@ -104,13 +105,6 @@ class ShapeRunner:
     def _suggest(self, trial: optuna.Trial) -> Config:
         values = {f: trial.suggest_categorical(f, self.choices[f]) for f in CONFIG_COLUMNS}
         return project(Config(**values), self.candidates)
-
-    def _claim(self, trial, config: Config) -> int | None:
-        """Name this process as the trial's owner; the number of an earlier live trial that
-        measures the same config (another sweep on the storage got there first), if any."""
-        records.claim(trial, config, self.provenance.get("worker"))
-        earlier = records.running_configs(self.study).get(config)
-        return earlier if earlier is not None and earlier < trial.number else None
 
     def _beyond_target(self, config: Config) -> bool:
         """Whether the target is reached without this runner's claimed trial of ``config``: by
@@ -204,15 +198,16 @@ class ShapeRunner:
                              else None)
                 streak += 1
                 continue
-            taken_by = self._claim(trial, actual)
-            if taken_by is not None:
-                self._repeat(trial, taken_by, None)
+            rival = records.claim(trial, actual, self.provenance.get("worker"))
+            if rival is not None:  # another sweep on the storage claimed it too
+                self._repeat(trial, rival, None)
                 streak += 1
+                time.sleep(random.uniform(0.0, BACK_OFF_S))  # so that two that raced do not again
                 continue
             streak = 0
             if self._beyond_target(actual):
                 self._tell(trial, state=optuna.trial.TrialState.FAIL)  # no record: not a trial row
-                time.sleep(random.uniform(0.0, BACK_OFF_S))  # so that two that raced do not again
+                time.sleep(random.uniform(0.0, BACK_OFF_S))
                 continue
             try:
                 with records.heartbeat(self.storage, trial):

@@ -18,6 +18,7 @@ from splitkv_tune import records, space, storage as storage_mod, table
 from splitkv_tune.cli_sweep import sweep as sweep_cmd
 from splitkv_tune.cli_worker import worker as worker_cmd
 from splitkv_tune.table_schema import CONFIG_COLUMNS, SHAPE_COLUMNS, read_trials
+from splitkv_tune.tunables import Config
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_GRID = yaml.safe_load((Path(__file__).parent / "fixtures" / "tiny_grid.yaml").read_text())
@@ -72,6 +73,24 @@ def test_workers_stop_at_the_trial_target(grid, tmp_path):
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
         timed = [t for t in study.trials if records.RECORD_ATTR in t.user_attrs]
         assert len(timed) == 3  # no trial was timed and then dropped as a second measurement
+
+
+def test_a_claim_steps_back_from_a_later_numbered_trial_that_claimed_first(tmp_path):
+    """Trial numbers are given when a trial is asked for, not when it is claimed: a worker whose
+    trial is numbered lower but claims a config second must still see the first claim (the lower
+    number measured it too before, a one-in-a-few-runs duplicate in the test above)."""
+    storage = storage_mod.open_storage(None, tmp_path, repair=False)
+    study = optuna.create_study(storage=storage, study_name="race")
+    lower, higher, other = study.ask(), study.ask(), study.ask()
+    assert lower.number < higher.number
+    config = Config(4, 128, 128, "blocks")
+    try:
+        assert records.claim(higher, config) is None
+        assert records.claim(lower, config) == higher.number
+        assert records.claim(other, Config(8, 128, 128, "blocks")) is None  # only one config's claims
+    finally:
+        for trial in (lower, higher, other):
+            records.release(trial)
 
 
 def test_a_sweep_and_a_worker_that_joins_it_stop_at_the_trial_target(tiny_grid_file, tmp_path, request):
