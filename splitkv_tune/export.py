@@ -11,10 +11,11 @@ JSON: one file per (device name, dtype, head_dim), named like vLLM's tuned confi
 vLLM: ``torch.cuda.get_device_name().replace(" ", "_")``, one file for each device name of
 the GPU's profile (``gpus.device_names``; the table's GPU name upper-cased when it has none).
 Keys ``"causal=0,batch=1,q_heads=32,kv_heads=8,q_len=1,kv_len=4096"`` map to the winner
-config and its measurements; ``_metadata`` holds the schema version, the normalised GPU name,
-the device names, run ids, tool name and version and the lookup's constants. The format is
-``schemas/heuristics.schema.json`` (JSON Schema); :func:`load_json` reads files back into the
-same table and :func:`read_table_file` reads either format.
+config and its measurements; ``_metadata`` holds the JSON's schema version
+(``JSON_SCHEMA_VERSION``), the normalised GPU name, the device names, run ids, tool name and
+version and the lookup's constants. The format is ``schemas/heuristics.schema.json`` (JSON
+Schema); :func:`load_json` reads files back into the same table and :func:`read_table_file`
+reads either format.
 """
 from __future__ import annotations
 
@@ -33,6 +34,13 @@ from splitkv_tune.table_schema import (HEURISTICS_COLUMNS, NAME_RE, SCHEMA_VERSI
                                        TableError, keep_gpu, read_heuristics, validate_heuristics)
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "heuristics.schema.json"
+# The JSON's own version (``_metadata.schema_version``), apart from the CSV table's: 2 added
+# ``lookup.sms`` and ``lookup.sm_balance_pct``, a step of the lookup rule (the interpolated S
+# raised until the SMs share its CTAs evenly) that a reader of version 1 would not apply. The
+# entries are the same in both, and both are read back.
+JSON_SCHEMA_VERSION = 2
+JSON_VERSIONS_READ = (1, 2)
+_REQUIRED_LOOKUP_KEYS = {1: (), 2: ("sms", "sm_balance_pct")}
 
 KEY_COLUMNS = [c for c in SHAPE_COLUMNS if c not in ("dtype", "head_dim")]
 _ENTRY_COLUMNS = [c for c in HEURISTICS_COLUMNS
@@ -119,7 +127,7 @@ def export_json(df: pd.DataFrame, out_dir, gpu: str | None = None, source="<tabl
             key = ",".join(f"{c}={int(rec[c])}" for c in KEY_COLUMNS)
             entries[key] = {c: _plain(rec[c]) for c in _ENTRY_COLUMNS}
         for name in names:
-            meta = {"schema_version": SCHEMA_VERSION, "gpu": _safe(table.gpu),
+            meta = {"schema_version": JSON_SCHEMA_VERSION, "gpu": _safe(table.gpu),
                     "device_name": name, "device_names": names, "dtype": _safe(dtype),
                     "head_dim": int(head_dim),
                     "run_ids": [_safe(r) for r in sorted(set(part["run_id"]))],
@@ -140,9 +148,17 @@ def load_json(paths) -> pd.DataFrame:
         try:
             doc = json.loads(Path(path).read_text())
             meta = doc.pop("_metadata")
+            version = meta["schema_version"]
+            if version not in JSON_VERSIONS_READ:
+                raise TableError(path, f"schema_version is {version!r}, this tool reads exported "
+                                       f"JSON of version {' or '.join(map(str, JSON_VERSIONS_READ))}")
+            missing = [k for k in _REQUIRED_LOOKUP_KEYS[version] if k not in meta["lookup"]]
+            if missing:
+                raise TableError(path, f"_metadata.lookup has no {', '.join(missing)}, which "
+                                       f"version {version} requires")
             for key, entry in doc.items():
                 shape = dict(part.split("=", 1) for part in key.split(","))
-                rows.append({"schema_version": meta["schema_version"], "gpu": meta["gpu"],
+                rows.append({"schema_version": SCHEMA_VERSION, "gpu": meta["gpu"],
                              "dtype": meta["dtype"], "head_dim": meta["head_dim"], **shape,
                              **entry})
         except (ValueError, KeyError, AttributeError, TypeError) as exc:

@@ -159,7 +159,7 @@ def test_json_round_trip(tmp_path):
     assert "device_name=NVIDIA_H200,dtype=bf16,head_dim=128.json" in names and len(names) == 4
     doc = json.loads(paths[0].read_text())
     meta = doc["_metadata"]
-    assert meta["schema_version"] == 1 and meta["gpu"] == "nvidia_h200"
+    assert meta["schema_version"] == 2 and meta["gpu"] == "nvidia_h200"  # the JSON's own version
     assert meta["run_ids"] == ["fixture-1"] and meta["tool_version"]
     back = load_json(paths)
     key = ["dtype", "head_dim", "causal", "batch", "q_heads", "kv_heads", "q_len", "kv_len"]

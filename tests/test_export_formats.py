@@ -7,12 +7,13 @@ import subprocess
 from pathlib import Path
 
 import jsonschema
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
 from splitkv_tune import tunables
 from splitkv_tune.cli_tables import export, select
-from splitkv_tune.export import SCHEMA_PATH, export_json, load_json, read_table_file
+from splitkv_tune.export import JSON_SCHEMA_VERSION, SCHEMA_PATH, export_json, load_json, read_table_file
 from splitkv_tune.export_cpp import export_cpp_header
 from splitkv_tune.selector import HeuristicTable, select_shape
 from splitkv_tune.table_schema import TableError, read_heuristics
@@ -93,13 +94,40 @@ def test_schema_rejects_what_the_reader_rejects(tmp_path):
     bad_docs = [{**good, key: {**good[key], "num_splits": 0}},
                 {**good, key: {**good[key], "split_policy": 'x";system("x")'}},
                 {**good, "causal=2,batch=1": good[key]},
-                {**good, "_metadata": {**good["_metadata"], "schema_version": 2}}]
+                {**good, "_metadata": {**good["_metadata"], "schema_version": 3}},
+                {**good, "_metadata": {**good["_metadata"], "lookup": without_balance(good)}}]
     for i, doc in enumerate(bad_docs):
         assert list(_validator().iter_errors(doc)), i
         bad = tmp_path / f"bad{i}.json"
         bad.write_text(json.dumps(doc))
         with pytest.raises(TableError):
             load_json([bad])
+
+
+def without_balance(doc: dict) -> dict:
+    return {k: v for k, v in doc["_metadata"]["lookup"].items() if k not in ("sms", "sm_balance_pct")}
+
+
+def test_version_1_json_still_reads_and_an_unknown_version_is_named(tmp_path):
+    """Version 2 added the SM balance's constants to ``lookup``; a file of version 1, with or
+    without them, reads back into the same table, and another version's error names both."""
+    path, = [p for p in export_json(read_heuristics(HEURISTICS), tmp_path)
+             if "bf16,head_dim=128" in p.name]
+    doc = json.loads(path.read_text())
+    assert doc["_metadata"]["schema_version"] == JSON_SCHEMA_VERSION == 2
+    assert {"sms", "sm_balance_pct"} <= set(doc["_metadata"]["lookup"])
+    expected = load_json([path])
+    for i, lookup in enumerate([without_balance(doc), doc["_metadata"]["lookup"]]):
+        old = tmp_path / f"v1_{i}.json"
+        old.write_text(json.dumps({**doc, "_metadata": {**doc["_metadata"], "schema_version": 1,
+                                                        "lookup": lookup}}))
+        assert not list(_validator().iter_errors(json.loads(old.read_text())))
+        pd.testing.assert_frame_equal(load_json([old]), expected)
+    newer = tmp_path / "v9.json"
+    newer.write_text(json.dumps({**doc, "_metadata": {**doc["_metadata"], "schema_version": 9}}))
+    with pytest.raises(TableError, match="schema_version is 9, this tool reads exported JSON of "
+                                         "version 1 or 2"):
+        load_json([newer])
 
 
 def test_select_reads_the_json_export(tmp_path):
