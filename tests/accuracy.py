@@ -13,6 +13,9 @@ import torch
 
 from splitkv_tune.reference import attention_ref
 
+# The output dtypes' unit roundoff, for checks tighter than the rule (a fold of partials alone).
+UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+
 
 def nan_workspace(nbytes):
     return torch.full((max(nbytes, 1),), 0xFF, dtype=torch.uint8, device="cuda")  # all NaN

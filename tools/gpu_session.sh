@@ -153,7 +153,7 @@ for mode in "$@"; do
       # The whole report goes to the log (the first failure's traceback included); the screen
       # gets its end.
       SPLITKV_REQUIRE_GPU=1 limit 300 python3 -m pytest -q -p no:cacheprovider --no-header -rf \
-        tests/test_kernel_gpu.py tests/test_paged_gpu.py tests/test_ops_validation_gpu.py tests/test_bench_gpu.py tests/test_default_call_gpu.py \
+        tests/test_*_gpu.py \
         tests/test_build.py::test_extension_matches_tunables >>"$out/gpu_tests.log" 2>&1
       tail -15 "$out/gpu_tests.log"
       ;;
