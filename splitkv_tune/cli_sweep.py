@@ -109,6 +109,7 @@ def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, 
           progress, warm_paths, warm_start_top, warm_start_select, warmup_s, min_reps, max_time_s):
     """Search the best config per shape with Optuna; write trials.csv and heuristics.csv."""
     from splitkv_tune import gpus
+    from splitkv_tune import storage as storage_mod
     from splitkv_tune import sweep as sweep_mod
 
     if as_json and not dry_run:
@@ -135,6 +136,8 @@ def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, 
             count = worker_count(workers_text, backend)
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--workers")
+        if count > 1:
+            storage_mod.check_shared(storage, "--workers")
     profile = gpus.profile_for(table_gpu)
     plan = sweep_mod.SweepPlan(
         gpu=table_gpu, grid=grid_obj, shapes=shapes, backend=backend, out_dir=out,

@@ -64,6 +64,7 @@ def worker(storage, gpu, grid, dtypes, head_dims, patterns, trials, time_budget,
     _backend_or_exit(backend)
     if out_dir:
         check_output(out_dir, "--out", directory=True)
+    storage_mod.check_shared(storage, "a worker and the sweep it joins")
     opened = storage_mod.open_storage(storage, ".", create=False)  # --storage names it
     plan = sweep_mod.SweepPlan(
         gpu=table_gpu, grid=grid_obj, shapes=shapes, backend=backend,

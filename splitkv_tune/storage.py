@@ -6,7 +6,8 @@
   resolves against the link's own directory, never exists, and a lock left by a killed process
   would then be waited on forever.
 * An RDB URL (``sqlite:///...``, ``postgresql://...``): Optuna's ``RDBStorage`` with its
-  heartbeat, so that workers on several machines retry each other's abandoned trials.
+  heartbeat, so that workers on several machines retry each other's abandoned trials. SQLite
+  serves one process only (``check_shared``): ``--workers`` and ``worker`` refuse it.
 
 Before the journal is used its every line is checked. A torn last line (a kill or a full disk
 in the middle of an append) is cut off under the journal's lock and kept next to it as
@@ -216,6 +217,16 @@ def open_rdb(url: str):
         raise StorageError(f"--storage {url!r}: cannot use the database: {reason}") from None
     except RuntimeError as err:  # Optuna: the schema was written by another version
         raise StorageError(f"--storage {url!r}: {str(err).strip().splitlines()[0]}") from None
+
+
+def check_shared(storage: str | None, what: str) -> None:
+    """Refuse SQLite where several processes measure: Optuna hands an enqueued trial to the
+    first process that asks under a row lock that SQLite does not have, so two workers asking
+    at once can take the same trial and both measure it."""
+    if is_rdb_url(storage) and _check_rdb_url(storage).get_backend_name() == "sqlite":
+        raise StorageError(f"--storage {storage!r}: {what} share the storage among processes, "
+                           f"which SQLite cannot do safely; use a journal file (the default) "
+                           f"or PostgreSQL")
 
 
 def open_storage(storage: str | None, out_dir, *, repair: bool = True, create: bool = True):

@@ -19,7 +19,9 @@
   picks grid when the trial budget covers every candidate (or there is no budget and at most
   ``GRID_MAX`` candidates).
   A config already finished in the study is never timed again: a repeat proposal is told
-  the earlier result (user attr ``duplicate_of``) and left out of ``trials.csv``.
+  the earlier result (user attr ``duplicate_of``) and left out of ``trials.csv``. A config that
+  another live trial claims is stepped back from the same way (``duplicate_of`` names that
+  trial, which may itself step back: ``records.claim``).
 * Failures (invalid config, launch error, wrong output) are FAIL trials whose record has a
   ``status`` and ``reason``; nothing is ever reported as infinity. A CUDA error that poisons
   the context stops the sweep after recording the trial; ``--resume`` goes on from there.

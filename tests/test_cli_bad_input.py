@@ -12,6 +12,7 @@ from splitkv_tune.cli_sweep import table as table_cmd
 from splitkv_tune.cli_tune import bench as bench_cmd
 from splitkv_tune.cli_tune import compare as compare_cmd
 from splitkv_tune.cli_tune import env as env_cmd
+from splitkv_tune.cli_worker import worker as worker_cmd
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,6 +94,17 @@ def test_output_paths_in_an_unwritable_place(grid, tmp_path, assert_clear_error)
 def test_bad_storage_urls(grid, tmp_path, url, expected, assert_clear_error):
     assert_clear_error(sweep(grid, tmp_path / "out", "--storage", url), url, expected)
     assert not (tmp_path / "out" / "trials.csv").exists()
+
+
+def test_sqlite_is_refused_where_processes_share_it(grid, tmp_path, assert_clear_error):
+    """Optuna's SQLite storage can hand one trial to two processes that ask at once; a single
+    sweep may use it, several workers may not."""
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    assert_clear_error(sweep(grid, tmp_path / "out", "--storage", url, "--workers", "2"), url,
+                       "--workers share the storage", "journal file")
+    assert_clear_error(invoke(worker_cmd, ["--backend", "reference", "--grid", str(grid),
+                                           "--storage", url]), url, "SQLite cannot")
+    assert not (tmp_path / "optuna.db").exists() and not (tmp_path / "out" / "trials.csv").exists()
 
 
 @pytest.mark.parametrize("args,expected", [

@@ -1,7 +1,10 @@
 """Several worker processes on one storage (journal file), on the reference backend: every
 grid point is measured exactly once, a killed worker's trial is retried by another, the merged
 results equal a single worker's, and a worker of another GPU model is refused."""
+import dataclasses
+import multiprocessing
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -91,6 +94,57 @@ def test_a_claim_steps_back_from_a_later_numbered_trial_that_claimed_first(tmp_p
     finally:
         for trial in (lower, higher, other):
             records.release(trial)
+
+
+CHASED = [Config(s, b, 128, "blocks") for s in (1, 2, 4, 8) for b in (32, 64, 128)]
+
+
+def _chase_first_free_config(journal: Path, seed: int) -> None:
+    """A worker that always takes the first config neither finished nor claimed, so that
+    several of them race for the same one at every step, and 'measures' it when its claim
+    holds."""
+    random.seed(seed)
+    study = optuna.load_study(study_name="race", storage=storage_mod.open_journal(journal, repair=False))
+    while True:
+        done, running = records.measured_trials(study), records.running_configs(study)
+        free = [c for c in CHASED if c not in done and c not in running]
+        if not free:
+            if not running:
+                return
+            time.sleep(0.02)
+            continue
+        study.enqueue_trial(dataclasses.asdict(free[0]))
+        trial = study.ask()
+        config = Config(**{f: trial.suggest_categorical(f, sorted({getattr(c, f) for c in CHASED}))
+                           for f in CONFIG_COLUMNS})
+        rival = None if config in records.measured_trials(study) else records.claim(trial, config)
+        if config in records.measured_trials(study) or rival is not None:
+            trial.set_user_attr(records.DUPLICATE_ATTR, -1 if rival is None else rival)
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            records.release(trial)
+            time.sleep(random.uniform(0.0, 0.05))
+            continue
+        time.sleep(0.01)
+        trial.set_user_attr(records.RECORD_ATTR, {**dataclasses.asdict(config), "status": "ok"})
+        study.tell(trial, 1.0)
+        records.release(trial)
+
+
+def test_processes_racing_for_one_config_at_a_time_measure_each_once(tmp_path):
+    """Four processes on one journal, all chasing the same next config: every config is
+    measured, none twice (the rule before measured some twice in most such runs)."""
+    journal = storage_mod.journal_path(str(tmp_path / "race.journal"), None)
+    optuna.create_study(storage=storage_mod.open_journal(journal), study_name="race")
+    context = multiprocessing.get_context("fork")
+    procs = [context.Process(target=_chase_first_free_config, args=(journal, i)) for i in range(4)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=120)
+    assert all(proc.exitcode == 0 for proc in procs)
+    study = optuna.load_study(study_name="race", storage=storage_mod.open_journal(journal, repair=False))
+    measured = [records.config_of(t) for t in study.get_trials() if records.RECORD_ATTR in t.user_attrs]
+    assert len(measured) == len(set(measured)) and set(measured) == set(CHASED)
 
 
 def test_a_sweep_and_a_worker_that_joins_it_stop_at_the_trial_target(tiny_grid_file, tmp_path, request):
