@@ -39,8 +39,8 @@ SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "heuristics.schema.j
 # raised until the SMs share its CTAs evenly) that a reader of version 1 would not apply. The
 # entries are the same in both, and both are read back.
 JSON_SCHEMA_VERSION = 2
-JSON_VERSIONS_READ = (1, 2)
-_REQUIRED_LOOKUP_KEYS = {1: (), 2: ("sms", "sm_balance_pct")}
+# The versions read back, each with the lookup keys it must have.
+LOOKUP_KEYS_OF_VERSION = {1: (), 2: ("sms", "sm_balance_pct")}
 
 KEY_COLUMNS = [c for c in SHAPE_COLUMNS if c not in ("dtype", "head_dim")]
 _ENTRY_COLUMNS = [c for c in HEURISTICS_COLUMNS
@@ -149,10 +149,10 @@ def load_json(paths) -> pd.DataFrame:
             doc = json.loads(Path(path).read_text())
             meta = doc.pop("_metadata")
             version = meta["schema_version"]
-            if version not in JSON_VERSIONS_READ:
+            if version not in LOOKUP_KEYS_OF_VERSION:
                 raise TableError(path, f"schema_version is {version!r}, this tool reads exported "
-                                       f"JSON of version {' or '.join(map(str, JSON_VERSIONS_READ))}")
-            missing = [k for k in _REQUIRED_LOOKUP_KEYS[version] if k not in meta["lookup"]]
+                                       f"JSON of version {' or '.join(map(str, LOOKUP_KEYS_OF_VERSION))}")
+            missing = [k for k in LOOKUP_KEYS_OF_VERSION[version] if k not in meta["lookup"]]
             if missing:
                 raise TableError(path, f"_metadata.lookup has no {', '.join(missing)}, which "
                                        f"version {version} requires")

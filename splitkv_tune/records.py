@@ -116,9 +116,8 @@ def claim(trial: optuna.Trial, config: Config, worker: str | None = None) -> int
     _ACTIVE_TRIAL_IDS.add(trial._trial_id)
     named = {"worker": worker} if worker else {}
     trial.set_user_attr(OWNER_ATTR, {**this_process(), **dataclasses.asdict(config), **named})
-    rivals = [t.number for t in _running_trials(trial.study)
-              if t.number != trial.number and config_of(t) == config and not is_stale(t)]
-    return min(rivals, default=None)
+    return min((number for claimed, number in _live_claims(trial.study)
+                if claimed == config and number != trial.number), default=None)
 
 
 def release(trial: optuna.Trial) -> None:
@@ -188,17 +187,19 @@ def is_stale(trial: optuna.trial.FrozenTrial) -> bool:
     return owner.get("host") == platform.node() and not _process_alive(owner, trial._trial_id)
 
 
-def _running_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return study.get_trials(deepcopy=False, states=(_RUNNING,))
+def _live_claims(study: optuna.Study):
+    """``(config, trial number)`` of each live trial that has named its config."""
+    for trial in study.get_trials(deepcopy=False, states=(_RUNNING,)):
+        config = config_of(trial)
+        if config is not None and not is_stale(trial):
+            yield config, trial.number
 
 
 def running_configs(study: optuna.Study) -> dict[Config, int]:
     """Configs that live trials are measuring now, with the lowest such trial number."""
     running = {}
-    for trial in _running_trials(study):
-        config = config_of(trial)
-        if config is not None and not is_stale(trial):
-            running.setdefault(config, trial.number)
+    for config, number in _live_claims(study):
+        running.setdefault(config, number)
     return running
 
 
@@ -209,7 +210,7 @@ def recover_interrupted(study: optuna.Study) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         fail_stale_trials(study)  # Optuna's heartbeat, where the storage has one
-    stale = [t for t in _running_trials(study) if is_stale(t)]
+    stale = [t for t in study.get_trials(deepcopy=False, states=(_RUNNING,)) if is_stale(t)]
     for trial in stale:
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
     return len(stale)

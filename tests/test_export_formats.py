@@ -86,6 +86,10 @@ def test_exports_with_empty_integer_cells_read_back_and_select_alike(tmp_path, r
         assert all(select_shape(t, shape, "h200").config == want for t in back), shape
 
 
+def without_balance(doc: dict) -> dict:
+    return {k: v for k, v in doc["_metadata"]["lookup"].items() if k not in ("sms", "sm_balance_pct")}
+
+
 def test_schema_rejects_what_the_reader_rejects(tmp_path):
     path, = [p for p in export_json(read_heuristics(HEURISTICS), tmp_path)
              if "bf16,head_dim=128" in p.name]
@@ -102,10 +106,6 @@ def test_schema_rejects_what_the_reader_rejects(tmp_path):
         bad.write_text(json.dumps(doc))
         with pytest.raises(TableError):
             load_json([bad])
-
-
-def without_balance(doc: dict) -> dict:
-    return {k: v for k, v in doc["_metadata"]["lookup"].items() if k not in ("sms", "sm_balance_pct")}
 
 
 def test_version_1_json_still_reads_and_an_unknown_version_is_named(tmp_path):

@@ -117,9 +117,9 @@ def _chase_first_free_config(journal: Path, seed: int) -> None:
         trial = study.ask()
         config = Config(**{f: trial.suggest_categorical(f, sorted({getattr(c, f) for c in CHASED}))
                            for f in CONFIG_COLUMNS})
-        rival = None if config in records.measured_trials(study) else records.claim(trial, config)
-        if config in records.measured_trials(study) or rival is not None:
-            trial.set_user_attr(records.DUPLICATE_ATTR, -1 if rival is None else rival)
+        # As the runner does: step back from another's live claim, and, read after claiming, from
+        # a measurement another finished since `done` was read (its claim is no longer live).
+        if records.claim(trial, config) is not None or config in records.measured_trials(study):
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             records.release(trial)
             time.sleep(random.uniform(0.0, 0.05))
