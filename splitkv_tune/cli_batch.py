@@ -386,8 +386,9 @@ def _report(records: list[dict], title: str, out_md) -> None:
 @click.command("evaluate-batches")
 @click.option("--grid", "grid_path", required=True, type=click.Path(dir_okay=False),
               help="A batch grid of held-out batches (as sweep-batches reads), e.g. configs/batches_holdout.yaml.")
-@click.option("--batch-table", "table_path", required=True, type=click.Path(dir_okay=False),
-              help="The batch table the selector reads (CSV or .json).")
+@click.option("--batch-table", "table_path", default=None, type=click.Path(dir_okay=False),
+              help="The batch table the selector reads (CSV or .json). Without it the selector has no "
+                   "classes: the model's knobs for every batch, what a GPU without a batch table gets.")
 @click.option("--gpu", required=True, callback=_gpu, help="The GPU of the table's rows (h200, 'NVIDIA H200', ...).")
 @click.option("--csv", "csv_path", required=True, type=click.Path(dir_okay=False),
               help="The timed rows, in compare-batch's columns; an existing one is resumed.")
@@ -409,7 +410,7 @@ def evaluate_batches(grid_path, table_path, gpu, csv_path, num_sms, report_only,
     for path, hint in ((out_md, "--out-md"), (out_csv, "--out-csv"), (csv_path, "--csv")):
         check_output(path, hint)
     grid = batch_sweep.load_batch_grid(grid_path)
-    table = read_batch_table_file(table_path, gpu=gpu)
+    table = read_batch_table_file(table_path, gpu=gpu) if table_path else []
     if not report_only:
         _check_cuda()
         from splitkv_tune.sweep import GpuMismatch, resolve_table_gpu
@@ -435,7 +436,7 @@ def evaluate_batches(grid_path, table_path, gpu, csv_path, num_sms, report_only,
     try:
         timed_grid = batch_evaluation.with_rule_plans(grid, table, num_sms, ctas_per_sm)
     except ValueError as err:  # knobs of the table that the call refuses, a batch out of range
-        raise click.UsageError(f"{table_path}: {err}") from None
+        raise click.UsageError(f"{table_path or grid_path}: {err}") from None
     if not report_only:
         _run_batch_sweep(timed_grid, csv_path)
     records = batch_evaluation.regret_records(grid, batch_sweep.read_rows(csv_path), table, num_sms, ctas_per_sm)
@@ -444,7 +445,8 @@ def evaluate_batches(grid_path, table_path, gpu, csv_path, num_sms, report_only,
                                "(without --report-only), or give the CSV that evaluate-batches wrote for this grid")
     records = [{"gpu": resolve_gpu(gpu), "num_sms": num_sms, **r} for r in records]
     _report(records, f"Batch selector regret: {grid.source} on {resolve_gpu(gpu)} ({num_sms} SMs, "
-                     f"{_residency_text(ctas_per_sm)}), table {table_path}", out_md)
+                     f"{_residency_text(ctas_per_sm)}), "
+                     + (f"table {table_path}" if table_path else "no batch table"), out_md)
     if out_csv:
         import pandas as pd
         atomic_write_csv(out_csv, pd.DataFrame(records))

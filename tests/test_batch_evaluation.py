@@ -347,3 +347,7 @@ def test_beyond_the_classes_the_selector_is_the_model_given_ctas_per_sm(tmp_path
     evaluated = CliRunner().invoke(main, ["evaluate-batches", "--batch-table", str(table_path), *common,
                                           "--ctas-per-sm", "2", "--report-only"])
     assert "| selector | 0.0% | 0.0% | 2 |" in evaluated.output and "| auto | 20.0% | 20.0% | 2 |" in evaluated.output
+    # Without a batch table (a GPU never batch-swept) the selector is the model for every batch.
+    untabled = CliRunner().invoke(main, ["evaluate-batches", *common, "--ctas-per-sm", "2", "--report-only"])
+    assert untabled.exit_code == 0 and "no batch table" in untabled.output, untabled.output
+    assert "| selector | 0.0% | 0.0% | 2 |" in untabled.output and "| auto | 20.0% | 20.0% | 2 |" in untabled.output

@@ -158,17 +158,18 @@ for mode in "$@"; do
       tail -15 "$out/gpu_tests.log"
       ;;
     profile-live)
-      # Nsight Compute on one launch of each case ("LENGTHS KNOBS", tools/profile_live.py;
-      # $PROFILE_CASES, '|'-separated): durations and occupancy (details_*.csv), warp stalls by
-      # source line (source_*.csv, summed up in profile_live.log), ~20 s a case.
+      # Nsight Compute on one launch of each case ("LENGTHS KNOBS [OPTIONS]", tools/profile_live.py,
+      # e.g. "lognormal:32:4096:1.0 load_aware --q-heads 8 --kv-heads 1"; $PROFILE_CASES,
+      # '|'-separated): durations and occupancy (details_*.csv), warp stalls by source line
+      # (source_*.csv, summed up in profile_live.log), ~20 s a case.
       IFS='|' read -ra cases <<<"${PROFILE_CASES:-4096 auto|4096 load_aware|4096 equal:16|uniform:16:8192 auto|uniform:16:8192 64:64|uniform:16:8192 equal:8|skewed:16:65536:1024 auto}"
       for c in "${cases[@]}"; do
         set -- $c
-        name=$(echo "$1_$2" | tr ':' '-')
+        name=$(echo "$*" | tr ' :' '_-' | tr -d '.')
         limit 120 ncu --clock-control none --cache-control none -k regex:split_kv --launch-skip 12 --launch-count 1 \
           --section SpeedOfLight --section WarpStateStats --section SourceCounters --section LaunchStats \
           --section Occupancy --import-source yes -f -o "$out/prof_$name" \
-          python3 tools/profile_live.py --lengths "$1" --knobs "$2" >>"$out/ncu.log" 2>&1
+          python3 tools/profile_live.py --lengths "$1" --knobs "$2" "${@:3}" >>"$out/ncu.log" 2>&1
         ncu -i "$out/prof_$name.ncu-rep" --page details --csv >"$out/details_$name.csv" 2>>"$out/ncu.log"
         ncu -i "$out/prof_$name.ncu-rep" --page source --csv --print-source cuda,sass >"$out/source_$name.csv" 2>>"$out/ncu.log"
         python3 tools/ncu_source_summary.py "$out/source_$name.csv" --top 15 | tee -a "$out/profile_live.log"
@@ -309,19 +310,25 @@ for mode in "$@"; do
         --csv results/$gpu/batches/$(basename "$grid" .yaml).csv 2>&1 | tail -40 | tee -a "$out/batch_sweep.log"
       ;;
     batch-evaluate)
-      # The batch table from the batch sweeps, then the selector's regret on held-out batches
-      # ($HOLDOUT_GRID, default configs/batches_holdout.yaml, ~4 min, resumable; rows in
-      # results/<gpu>/batches/<grid name less batches_>.csv, the report in evaluate_<that>.md/.csv)
-      # beside the auto knobs and FA2/FA3/SGLang. The split-plan sweep last: its classes take its
-      # rows (batch_table.py).
+      # The batch table from the batch sweeps (none before the GPU's first batch-sweep), then the
+      # selector's regret on held-out batches ($HOLDOUT_GRID, default configs/batches_holdout.yaml,
+      # ~4 min, resumable; rows in results/<gpu>/batches/<grid name less batches_>.csv, the report
+      # in evaluate_<that>.md/.csv) beside the auto knobs and FA2/FA3/SGLang. The split-plan sweep
+      # last: its classes take its rows (batch_table.py).
       grid=${HOLDOUT_GRID:-configs/batches_holdout.yaml}
       name=$(basename "$grid" .yaml); name=${name#batches_}
-      splitkv-tune batch-table results/$gpu/batches/batches.csv results/$gpu/batches/batches_dense.csv \
-        results/$gpu/batches/batches_head_dims.csv results/$gpu/batches/batches_split_plan.csv --gpu "$flag" \
-        -o results/$gpu/batch_table.csv \
-        2>&1 | tee -a "$out/batch_evaluate.log"
+      # A GPU with no batch sweep yet has no table: its selector is the model for every batch.
+      table=()
+      if [ -f results/$gpu/batches/batches.csv ]; then
+        splitkv-tune batch-table results/$gpu/batches/batches.csv results/$gpu/batches/batches_dense.csv \
+          results/$gpu/batches/batches_head_dims.csv results/$gpu/batches/batches_split_plan.csv --gpu "$flag" \
+          -o results/$gpu/batch_table.csv \
+          2>&1 | tee -a "$out/batch_evaluate.log"
+        table=(--batch-table results/$gpu/batch_table.csv)
+      fi
+      mkdir -p results/$gpu/batches
       limit ${BATCH_EVALUATE_TIMEOUT:-400} splitkv-tune evaluate-batches --grid "$grid" \
-        --gpu "$flag" --batch-table results/$gpu/batch_table.csv --csv results/$gpu/batches/$name.csv \
+        --gpu "$flag" "${table[@]}" --csv results/$gpu/batches/$name.csv \
         --out-md results/$gpu/batches/evaluate_$name.md --out-csv results/$gpu/batches/evaluate_$name.csv \
         2>&1 | tail -40 | tee -a "$out/batch_evaluate.log"
       ;;
