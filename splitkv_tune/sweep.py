@@ -29,9 +29,10 @@
   config is measured again (``records`` says which trials count and which are stale, so a
   second sweep on the same storage never fails the first one's trials). ``trials.csv`` and
   ``heuristics.csv`` are rebuilt from storage (atomically) at start, after the first trial
-  timed ``REBUILD_EVERY_S`` seconds after the last rebuild, and on exit (SIGTERM included), so
-  they follow the storage; a rebuild reads every trial of the storage (about a second at 6,000
-  trials, a seventh of a dense-grid shape's sweep), so it is not done per shape. Results in
+  timed ``REBUILD_EVERY_S`` seconds after the last rebuild (or ``REBUILD_TIME_FACTOR`` times
+  that rebuild's own time, when longer), and on exit (SIGTERM included), so they follow the
+  storage; a rebuild reads every trial of the storage (about a second at 10,000 trials), so it
+  is not done per shape. Results in
   ``--out`` that the storage did not produce are not overwritten without ``--force``
   (``outdir``). A lost storage is rebuilt from ``trials.csv`` (``restore``).
 * SIGTERM stops the sweep once the trial in flight is recorded (``termination``): the files
@@ -57,6 +58,9 @@ from splitkv_tune.tunables import Config, Shape
 GRID_MAX = 256
 TPE_DEFAULT_TRIALS = 64
 REBUILD_EVERY_S = 30.0
+# ...or this many times the last rebuild's own time, when that is longer: a rebuild reads every
+# trial of the storage, so on a large one the files' upkeep stays within about 5% of the sweep.
+REBUILD_TIME_FACTOR = 20.0
 REFERENCE_BACKEND_DEVICE = "cpu_reference"
 
 
@@ -176,6 +180,21 @@ class SweepPlan:
             else min(n_candidates, TPE_DEFAULT_TRIALS)
 
 
+class RebuildPacer:
+    """Calls ``rebuild`` when it is due: ``REBUILD_EVERY_S`` after the last call's end, or
+    ``REBUILD_TIME_FACTOR`` times the last call's own time when that is longer."""
+
+    def __init__(self, rebuild):
+        self.rebuild, self.last, self.took = rebuild, time.monotonic(), 0.0
+
+    def __call__(self) -> None:
+        began = time.monotonic()
+        if began - self.last >= max(REBUILD_EVERY_S, REBUILD_TIME_FACTOR * self.took):
+            self.rebuild()
+            self.last = time.monotonic()
+            self.took = self.last - began
+
+
 def dry_run_summary(plan: SweepPlan) -> dict:
     """Per-shape candidates, sampler, trial count, time and memory estimates (``estimate``),
     and the shapes whose memory exceeds what the device has (``too_big``)."""
@@ -258,16 +277,14 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
                "resume": plan.resume, "status": "running", "shapes": len(plan.shapes)})
     meta.write_run_meta(out_dir, run_meta)
     start = time.monotonic()
-    last_rebuild = [start]
+    rebuild_when_due = RebuildPacer(rebuild_files)
     totals = {"timed": 0, "failed": 0, "recovered": 0}
 
     def after_trial(timing: bench.Timing) -> None:
         totals["timed"] += 1
         totals["failed"] += timing.status != "ok"
         trial_bar.update(1)
-        if time.monotonic() - last_rebuild[0] >= REBUILD_EVERY_S:
-            rebuild_files()
-            last_rebuild[0] = time.monotonic()
+        rebuild_when_due()
 
     disable = None if progress is None else not progress  # None: only on a terminal
     bars_off = True if plan.workers else disable  # the workers' progress view replaces them

@@ -99,6 +99,20 @@ def noise_margin(median_us: float, p20_us: float, p80_us: float, min_margin: flo
     return round(float(max(spread if math.isfinite(spread) else 0.0, min_margin)), 6)
 
 
+def _winner_positions(median, p20, p80, splits, workspace, min_margin: float):
+    """(winner, runner-up or None, noise margin) as positions in the arrays of one group's
+    trials (``workspace`` None when unknown): :func:`pick_winner`'s rule without a DataFrame
+    per step, since a table of a few hundred shapes runs it a thousand times."""
+    order = sorted(range(len(median)), key=median.__getitem__)  # stable: equal medians keep their order
+    fastest = order[0]
+    margin = noise_margin(median[fastest], p20[fastest], p80[fastest], min_margin)
+    ties = [i for i in order if median[i] <= median[fastest] * (1 + margin)]
+    # The first of the least (num_splits, workspace, median): the stable sort's first.
+    winner = min(ties, key=lambda i: (splits[i], 0 if workspace is None else workspace[i], median[i]))
+    runner = next((i for i in order if i != winner), None)
+    return winner, runner, margin
+
+
 def pick_winner(group: pd.DataFrame, min_margin: float = MIN_NOISE_MARGIN):
     """(winner row, runner-up row or None, noise margin) of one shape's usable trials.
 
@@ -109,15 +123,15 @@ def pick_winner(group: pd.DataFrame, min_margin: float = MIN_NOISE_MARGIN):
     >>> int(win.num_splits), int(runner.num_splits), margin
     (8, 16, 0.02)
     """
-    ordered = group.sort_values("median_us", kind="stable")
-    fastest = ordered.iloc[0]
-    margin = noise_margin(fastest["median_us"], fastest["p20_us"], fastest["p80_us"], min_margin)
-    ties = ordered[ordered["median_us"] <= fastest["median_us"] * (1 + margin)]
-    sort_cols = ["num_splits"] + (["workspace_bytes"] if "workspace_bytes" in ties else [])
-    winner = ties.sort_values(sort_cols + ["median_us"], kind="stable").iloc[0]
-    rest = ordered.drop(index=winner.name)
-    runner = rest.iloc[0] if len(rest) else None
-    return winner, runner, margin
+    winner, runner, margin = _winner_positions(*_winner_columns(group), min_margin)
+    return group.iloc[winner], None if runner is None else group.iloc[runner], margin
+
+
+def _winner_columns(group: pd.DataFrame) -> tuple:
+    """The columns the tie rule reads, as lists (workspace None when the trials lack it)."""
+    return (group["median_us"].astype(float).tolist(), group["p20_us"].astype(float).tolist(),
+            group["p80_us"].astype(float).tolist(), group["num_splits"].tolist(),
+            group["workspace_bytes"].tolist() if "workspace_bytes" in group else None)
 
 
 def per_block_kv_bests(group: pd.DataFrame, min_margin: float = MIN_NOISE_MARGIN) -> dict:
@@ -131,12 +145,17 @@ def per_block_kv_bests(group: pd.DataFrame, min_margin: float = MIN_NOISE_MARGIN
     >>> {k: v for k, v in per_block_kv_bests(g).items() if v is not None}
     {'best_us_kv32': 12.0, 'best_splits_kv32': 16, 'best_us_kv64': 9.05, 'best_splits_kv64': 4}
     """
+    columns = _winner_columns(group)
+    block_kv = [int(b) for b in group["block_kv"].tolist()]
     out = {}
     for b, (us, splits) in zip(tunables.BLOCK_KV, PER_BLOCK_KV_COLUMNS):
-        at_b = group[group["block_kv"].astype(int) == b]
-        winner = pick_winner(at_b.astype({"median_us": float}), min_margin)[0] if len(at_b) else None
-        out[us] = None if winner is None else float(winner["median_us"])
-        out[splits] = None if winner is None else int(winner["num_splits"])
+        at_b = [i for i, v in enumerate(block_kv) if v == b]
+        winner = None
+        if at_b:
+            sub = [None if col is None else [col[i] for i in at_b] for col in columns]
+            winner = at_b[_winner_positions(*sub, min_margin)[0]]
+        out[us] = None if winner is None else float(columns[0][winner])
+        out[splits] = None if winner is None else int(columns[3][winner])
     return out
 
 

@@ -173,20 +173,18 @@ def run_local(plan, storage, run_id, copy_bw, winners, quiet, rebuild) -> dict:
     view and keep trials.csv current until they all exit; return their exit codes."""
     from splitkv_tune import progress
     from splitkv_tune import storage as storage_mod
-    from splitkv_tune.sweep import REBUILD_EVERY_S
+    from splitkv_tune.sweep import RebuildPacer
     for shape in plan.shapes:
         ShapeRunner(plan, shape, storage, run_id, copy_bw, table.lookup_config(winners, shape))
     target = storage_mod.describe(plan.storage, plan.out_dir)
     show = not quiet if quiet is not None else sys.stderr.isatty()
     view = progress.ProgressView(storage, plan, lambda line: print(line, file=sys.stderr))
-    last_rebuild = [time.monotonic()]
+    rebuild_when_due = RebuildPacer(rebuild)
 
     def on_poll() -> None:
         if show:
             view()
-        if time.monotonic() - last_rebuild[0] >= REBUILD_EVERY_S:
-            rebuild()
-            last_rebuild[0] = time.monotonic()
+        rebuild_when_due()
 
     procs = start_local_workers(plan, plan.workers, target, run_id)
     codes = wait_for_workers(procs, on_poll)

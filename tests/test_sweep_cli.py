@@ -125,6 +125,7 @@ def test_interrupted_sweep_resumes_without_losing_or_redoing_trials(grid, tmp_pa
     monkeypatch.setattr(sweep_mod, "rebuild_trials_csv",
                         lambda *a, **k: rebuilds.append(a) or records.rebuild_trials_csv(*a, **k))
     monkeypatch.setattr(sweep_mod, "REBUILD_EVERY_S", 0.0)  # due after every trial
+    monkeypatch.setattr(sweep_mod, "REBUILD_TIME_FACTOR", 0.0)
     result = run_sweep(grid, out, "--resume")
     assert result.exit_code == 0, result.output
     trials = read_trials(out)
@@ -152,6 +153,32 @@ def test_interrupted_sweep_resumes_without_losing_or_redoing_trials(grid, tmp_pa
     # nothing timed, no rebuild due: the files are rebuilt at the start and the end only
     assert len(rebuilds) == 2
     assert len(pd.read_csv(out / "heuristics.csv")) == shapes
+
+
+def test_a_rebuild_waits_longer_after_a_slow_one(monkeypatch):
+    """On a large storage a rebuild takes seconds: the next waits that many times over, so the
+    files' upkeep stays a small share of the sweep."""
+    clock = [100.0]
+    monkeypatch.setattr(sweep_mod.time, "monotonic", lambda: clock[0])
+    done = []
+
+    def rebuild(seconds):
+        done.append(clock[0])
+        clock[0] += seconds
+
+    took = [0.5]
+    pacer = sweep_mod.RebuildPacer(lambda: rebuild(took[0]))
+    for now in (110.0, 129.0, 130.0, 159.0, 160.5):
+        clock[0] = now
+        pacer()
+    assert done == [130.0, 160.5]  # every REBUILD_EVERY_S while a rebuild takes 0.5 s
+    took[0] = 3.0                   # 20 x 3 s: the next is due 60 s after this one ends
+    clock[0] = 200.0
+    pacer()
+    for now in (250.0, 262.9, 263.0):
+        clock[0] = now
+        pacer()
+    assert done == [130.0, 160.5, 200.0, 263.0]
 
 
 def test_failing_and_wrong_configs_are_recorded_with_reasons(grid, tmp_path, monkeypatch):
