@@ -355,10 +355,13 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
         trial_bar.close()
         shape_bar.close()
         try:
-            frame, heuristics = rebuild_files()
+            # The run's record first: a kill during the rebuild (a second SIGTERM, a scheduler's
+            # KILL after its grace) then still leaves how the run ended, and the next start
+            # rebuilds the files from the storage.
             run_meta.update(status=status, elapsed_s=round(time.monotonic() - start, 3),
                             **totals)
             meta.write_run_meta(out_dir, run_meta)
+            frame, heuristics = rebuild_files()
         except OSError:
             if status == "completed":
                 raise

@@ -72,6 +72,27 @@ def test_sweep_writes_trials_heuristics_and_run_meta(grid, tmp_path):
     assert {"torch", "cutlass", "git_sha", "device", "argv", "timestamp"} <= set(meta)
 
 
+def test_a_run_stopped_in_its_last_rebuild_still_says_how_it_ended(grid, tmp_path, monkeypatch):
+    """The run record is written before the files' last rebuild: a kill there (a scheduler's
+    KILL after its grace) leaves the record, and the next start rebuilds the files."""
+    out = tmp_path / "out"
+    calls = []
+
+    def rebuild_then_stop(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:  # the rebuild at the start goes through; the last one is cut
+            raise KeyboardInterrupt
+        return records.rebuild_trials_csv(*args, **kwargs)
+
+    monkeypatch.setattr(sweep_mod, "REBUILD_EVERY_S", 3600.0)
+    monkeypatch.setattr(sweep_mod, "rebuild_trials_csv", rebuild_then_stop)
+    result = run_sweep(grid, out)
+    assert result.exit_code == 130 and "Interrupted" in result.output and len(calls) == 2, result.output
+    (run,) = (out / "runs").glob("*.json")
+    record = json.loads(run.read_text())
+    assert record["status"] == "completed" and record["timed"] == n_candidates()
+
+
 def test_gpu_mismatch_exits_2_naming_both(grid, tmp_path):
     result = run_sweep(grid, tmp_path / "out", "--gpu", "h200")
     assert result.exit_code == 2
