@@ -17,7 +17,8 @@
 # active cycles per SM of equal-length launches at block_kv 32/64/128 (~1.5 min); kv-cliff: those
 # block_kv at one split with and without PDL, graph-replayed (~1.5 min); compare-batch-small: single
 # sequences, 64 x 2K and a log-normal batch vs FlashInfer (~2 min); compare-batch-eager: the
-# default paged call's eager loop and host cost beside FlashInfer's (~3 min); batch-sweep: sweep-batches
+# default paged call's eager loop and host cost beside FlashInfer's (~3 min); plan-default: the
+# fixed and the load-aware split plan side by side on 15 batches at Hkv 8 and 1 (~4 min); batch-sweep: sweep-batches
 # over configs/batches.yaml or $BATCH_GRID (~8 min, resumable; BATCH_SWEEP_TIMEOUT); batch-evaluate: the batch
 # table, then evaluate-batches on configs/batches_holdout.yaml or $HOLDOUT_GRID (~4 min); dense-part: a part of
 # configs/dense_decode.yaml, resumed (DENSE_PART, DENSE_TIMEOUT, DENSE_TRIALS, DENSE_WARM_START: a trials.csv
@@ -300,6 +301,18 @@ for mode in "$@"; do
       compare_batch compare_batch_eager 300 $(printf -- '--lengths %s ' ${EAGER_BATCHES:-4096 uniform:16:8192 skewed:16:65536:1024 lognormal:32:4096:1.0}) \
         --peers "${EAGER_PEERS-flashinfer_decode_tc,flashinfer_xqa}" --one-split 8 --eager
       ;;
+    plan-default)
+      # Whether split_plan="load_aware" beats the fixed plan as the paged call's default: both at
+      # the "auto" knobs, side by side, at Hkv 8 and 1, on the held-out skewed batches and others
+      # of every kind ($PLAN_BATCHES; ~4 min).
+      for heads in "32 8" "8 1"; do
+        set -- $heads
+        compare_batch plan_default_$1_$2 240 $(printf -- '--lengths %s ' ${PLAN_BATCHES:-4096 32768 uniform:16:8192 \
+          uniform:64:2048 skewed:16:65536:1024 skewed:8:32768:1024 skewed:32:65536:512 skewed:64:131072:1024 \
+          skewed:24:16384:256 skewed:4:262144:4096 skewed:128:32768:256 geometric:8:262144:2048 \
+          lognormal:16:8192:1.5 lognormal:64:2048:0.5 lognormal:128:1024:1.0}) --q-heads $1 --kv-heads $2 --peers ""
+      done
+      ;;
     batch-sweep)
       # A batch grid ($BATCH_GRID, default configs/batches.yaml) swept into
       # results/<gpu>/batches/<grid name>.csv; a rerun times only the batches not yet there, so a
@@ -345,7 +358,7 @@ for mode in "$@"; do
       dense_sweep ${DENSE_RETIME_TIMEOUT:-300} --warm-start "$(dense_dir)/trials.csv" --warm-start-select spread \
         --warm-start-top 64 --study-prefix "splitkv:$gpu:spread:"
       ;;
-    *) echo "usage: $0 MODE... (test, head-dims, host-floor, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, compare-batch-eager, profile-live, profile-dense, kv-cliff, evaluate-holdout, evaluate-confirm, batch-sweep, batch-evaluate, dense-part, dense-retime)" >&2; exit 2 ;;
+    *) echo "usage: $0 MODE... (test, head-dims, host-floor, host-tuned, eager, merge-ab, pdl-ab, sweep, evaluate, breakdown, compare, compare-batch, compare-batch-small, compare-batch-eager, plan-default, profile-live, profile-dense, kv-cliff, evaluate-holdout, evaluate-confirm, batch-sweep, batch-evaluate, dense-part, dense-retime)" >&2; exit 2 ;;
   esac
   pack
 done
