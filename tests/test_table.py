@@ -124,3 +124,38 @@ def test_per_block_kv_columns_come_in_pairs_and_hold_the_winner_at_each_block():
         table_schema.validate_heuristics(checked.assign(best_us_kv128=1e306))
     with pytest.raises(table_schema.TableError, match="the row's winner ran block_kv 64"):
         table_schema.validate_heuristics(checked.assign(best_us_kv64=None, best_splits_kv64=None))
+
+
+def _pandas_tie_rule(group, min_margin=table.MIN_NOISE_MARGIN):
+    """The tie rule as sorts of the DataFrame, as the module first wrote it: the oracle of the
+    list form."""
+    ordered = group.sort_values("median_us", kind="stable")
+    fastest = ordered.iloc[0]
+    margin = table.noise_margin(fastest["median_us"], fastest["p20_us"], fastest["p80_us"], min_margin)
+    ties = ordered[ordered["median_us"] <= fastest["median_us"] * (1 + margin)]
+    winner = ties.sort_values(["num_splits", "workspace_bytes", "median_us"], kind="stable").iloc[0]
+    rest = ordered.drop(index=winner.name)
+    return winner.name, None if not len(rest) else rest.iloc[0].name, margin
+
+
+def test_the_tie_rule_on_lists_is_the_rule_on_sorted_frames():
+    import random
+    rng = random.Random(7)
+    for _ in range(500):
+        n = rng.randint(1, 12)
+        medians = [round(rng.choice([10.0, 10.05, 10.2, 11.0]) + rng.choice([0, 0, 0.01]), 3) for _ in range(n)]
+        group = pd.DataFrame({
+            "num_splits": [rng.choice([1, 2, 4, 8]) for _ in range(n)],
+            "median_us": medians,
+            "p20_us": [m * 0.99 if rng.random() > 0.1 else math.nan for m in medians],
+            "p80_us": [m * 1.01 for m in medians],
+            "workspace_bytes": [rng.choice([1.0, 2.0, math.nan]) for _ in range(n)],
+            "block_kv": [rng.choice([32, 64, 128]) for _ in range(n)],
+        }, index=rng.sample(range(100), n))
+        winner, runner, margin = table.pick_winner(group)
+        want = _pandas_tie_rule(group)
+        assert (winner.name, None if runner is None else runner.name, margin) == want
+        for b in (32, 64, 128):
+            at_b = group[group["block_kv"] == b]
+            best = table.per_block_kv_bests(group)[f"best_splits_kv{b}"]
+            assert best == (int(at_b.loc[_pandas_tie_rule(at_b)[0], "num_splits"]) if len(at_b) else None)
