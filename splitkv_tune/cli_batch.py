@@ -388,7 +388,9 @@ def _report(records: list[dict], title: str, out_md) -> None:
               help="A batch grid of held-out batches (as sweep-batches reads), e.g. configs/batches_holdout.yaml.")
 @click.option("--batch-table", "table_path", default=None, type=click.Path(dir_okay=False),
               help="The batch table the selector reads (CSV or .json). Without it the selector has no "
-                   "classes: the model's knobs for every batch, what a GPU without a batch table gets.")
+                   "classes and takes what it takes beyond them for every batch (the model's knobs, "
+                   "or with --report-only and no --ctas-per-sm the auto rules): what a GPU without a "
+                   "batch table gets.")
 @click.option("--gpu", required=True, callback=_gpu, help="The GPU of the table's rows (h200, 'NVIDIA H200', ...).")
 @click.option("--csv", "csv_path", required=True, type=click.Path(dir_okay=False),
               help="The timed rows, in compare-batch's columns; an existing one is resumed.")

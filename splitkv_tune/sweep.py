@@ -40,6 +40,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -178,6 +179,16 @@ class SweepPlan:
             return min(self.trials, n_candidates)
         return n_candidates if self.sampler_for(n_candidates) == "grid" \
             else min(n_candidates, TPE_DEFAULT_TRIALS)
+
+
+@contextlib.contextmanager
+def _os_errors_raised_only(when: bool):
+    """Lets an OSError of the block through only ``when``; else it is dropped."""
+    try:
+        yield
+    except OSError:
+        if when:
+            raise
 
 
 class RebuildPacer:
@@ -354,17 +365,14 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
         termination.restore(previous_handler)
         trial_bar.close()
         shape_bar.close()
-        try:
-            # The run's record first: a kill during the rebuild (a second SIGTERM, a scheduler's
-            # KILL after its grace) then still leaves how the run ended, and the next start
-            # rebuilds the files from the storage.
-            run_meta.update(status=status, elapsed_s=round(time.monotonic() - start, 3),
-                            **totals)
+        # The run's record first: a kill during the rebuild (a second SIGTERM, a scheduler's
+        # KILL after its grace) then still leaves how the run ended, and the next start
+        # rebuilds the files from the storage. When the run did not complete, another error is
+        # on its way out and says why, so an OSError here only costs what --resume redoes.
+        run_meta.update(status=status, elapsed_s=round(time.monotonic() - start, 3), **totals)
+        with _os_errors_raised_only(status == "completed"):
             meta.write_run_meta(out_dir, run_meta)
+        with _os_errors_raised_only(status == "completed"):
             frame, heuristics = rebuild_files()
-        except OSError:
-            if status == "completed":
-                raise
-            # Another error is on its way out and says why; --resume rebuilds these files.
     return {"run_id": run_id, "trials_csv": trials_path, "heuristics_csv": heuristics_path,
             "trials": frame, "heuristics": heuristics, "copy_bw_gbps": copy_bw, **totals}

@@ -108,10 +108,10 @@ def _winner_positions(median, p20, p80, splits, workspace, min_margin: float):
     margin = noise_margin(median[fastest], p20[fastest], p80[fastest], min_margin)
     ties = [i for i in order if median[i] <= median[fastest] * (1 + margin)]
     # The first of the least (num_splits, workspace, median): the stable sort's first, an
-    # unknown (NaN) workspace last, as pandas sorts it.
+    # unknown workspace (NaN, None, pd.NA: a restored trial's empty cell) last, as pandas sorts it.
     def key(i):
         bytes_ = 0 if workspace is None else workspace[i]
-        return splits[i], math.inf if bytes_ != bytes_ else bytes_, median[i]
+        return splits[i], math.inf if pd.isna(bytes_) else bytes_, median[i]
 
     winner = min(ties, key=key)
     runner = next((i for i in order if i != winner), None)

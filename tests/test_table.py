@@ -127,10 +127,11 @@ def test_per_block_kv_columns_come_in_pairs_and_hold_the_winner_at_each_block():
 
 
 def _pandas_tie_rule(group, min_margin=table.MIN_NOISE_MARGIN):
-    """The tie rule as sorts of the DataFrame, as the module first wrote it: the oracle of the
-    list form."""
+    """The tie rule as sorts of the DataFrame, as the module first wrote it (the fastest's
+    spread read from its columns, which stay float whatever the workspace's dtype): the oracle
+    of the list form."""
     ordered = group.sort_values("median_us", kind="stable")
-    fastest = ordered.iloc[0]
+    fastest = {c: float(ordered[c].iloc[0]) for c in ("median_us", "p20_us", "p80_us")}
     margin = table.noise_margin(fastest["median_us"], fastest["p20_us"], fastest["p80_us"], min_margin)
     ties = ordered[ordered["median_us"] <= fastest["median_us"] * (1 + margin)]
     winner = ties.sort_values(["num_splits", "workspace_bytes", "median_us"], kind="stable").iloc[0]
@@ -152,6 +153,11 @@ def test_the_tie_rule_on_lists_is_the_rule_on_sorted_frames():
             "workspace_bytes": [rng.choice([1.0, 2.0, math.nan]) for _ in range(n)],
             "block_kv": [rng.choice([32, 64, 128]) for _ in range(n)],
         }, index=rng.sample(range(100), n))
+        # The workspace as the sweep's frame holds it (Int64, pd.NA where a restored cell was
+        # empty), as an object column with None, or as floats with NaN.
+        group["workspace_bytes"] = rng.choice([
+            group["workspace_bytes"].astype("Int64"), group["workspace_bytes"].astype(object).where(
+                group["workspace_bytes"].notna(), None), group["workspace_bytes"]])
         winner, runner, margin = table.pick_winner(group)
         want = _pandas_tie_rule(group)
         assert (winner.name, None if runner is None else runner.name, margin) == want
