@@ -124,12 +124,13 @@ dense_sweep() {
     $( [ -f "$dir/optuna.journal" ] && echo --resume ) 2>&1 | tail -8 | tee -a "$out/dense_part.log"
   shipped_table
 }
-# The table the selector ships for this GPU: its quick grid and every dense part, as one
-# measurement set (a sweep of either writes only its own folder's table).
+# The table the selector ships for this GPU, rebuilt from the sweeps its table_parts.txt names
+# (a sweep writes only its own folder's table); a GPU without that file ships none yet.
 shipped_table() {
-  local parts=(results/$gpu/dense_decode/*/trials.csv)
-  [ -f "results/$gpu/trials.csv" ] && [ -f "${parts[0]}" ] || return 0
-  splitkv-tune table "results/$gpu" "${parts[@]%/trials.csv}" -o "results/$gpu/heuristics.csv" 2>&1 | tail -2 | tee -a "$out/table.log"
+  local manifest=results/$gpu/table_parts.txt parts
+  [ -f "$manifest" ] || return 0
+  mapfile -t parts < <(grep -v '^[[:space:]]*\(#\|$\)' "$manifest" | sed "s|^|results/$gpu/|")
+  splitkv-tune table "${parts[@]}" -o "results/$gpu/heuristics.csv" 2>&1 | tail -2 | tee -a "$out/table.log"
 }
 # evaluate_held_out SHAPES NAME: the selector's regret on a held-out set, every timed config kept
 # (NAME_models_trials.csv) for offline replays against later tables (HOLDOUT_TIMEOUT).
