@@ -2,6 +2,7 @@
 per worker, and an ETA from the rate so far."""
 from __future__ import annotations
 
+import math
 import time
 
 import optuna
@@ -37,20 +38,39 @@ def snapshot(storage, plan) -> dict:
     return {"per_worker": per_worker, "done": done, "planned": planned}
 
 
-# A snapshot reads every trial of the plan's studies (about half a second at 10,000): on a large
-# storage the view waits this many times a snapshot's own time, when that is longer than every_s.
+class Pacer:
+    """Runs ``action`` when it is due: ``every_s`` after the last run ended, or ``time_factor``
+    times the last run's own time when that is longer. An action that reads every trial of a
+    storage (a snapshot, a rebuild of trials.csv) grows with it; paced so, it keeps to about
+    1 / time_factor of the time however large the storage gets."""
+
+    def __init__(self, action, every_s: float, time_factor: float, *, first_at_once: bool = False):
+        self.action, self.every_s, self.time_factor = action, every_s, time_factor
+        self.last = -math.inf if first_at_once else time.monotonic()
+        self.took = 0.0
+
+    def __call__(self, force: bool = False) -> None:
+        began = time.monotonic()
+        if force or began - self.last >= max(self.every_s, self.time_factor * self.took):
+            self.action()
+            self.last = time.monotonic()
+            self.took = self.last - began
+
+
+# A snapshot reads every trial of the plan's studies (about half a second at 10,000).
 SNAPSHOT_TIME_FACTOR = 10.0
 
 
 class ProgressView:
-    """Prints the snapshot every ``every_s`` seconds, or ``SNAPSHOT_TIME_FACTOR`` times the last
-    snapshot's own time when that is longer (and when asked to, at the end)."""
+    """Prints the snapshot every ``every_s`` seconds, paced by its own cost (``Pacer``,
+    ``SNAPSHOT_TIME_FACTOR``), and when asked to (``force``, at the end)."""
 
     def __init__(self, storage, plan, echo, every_s: float = 5.0):
-        self.storage, self.plan, self.echo, self.every_s = storage, plan, echo, every_s
+        self.storage, self.plan, self.echo = storage, plan, echo
         self.start = time.monotonic()
         self.first_done = None
-        self.last, self.took = 0.0, 0.0
+        self._print = Pacer(lambda: self.echo(self.line(snapshot(self.storage, self.plan))), every_s,
+                            SNAPSHOT_TIME_FACTOR, first_at_once=True)
 
     def line(self, snap: dict) -> str:
         elapsed = time.monotonic() - self.start
@@ -66,9 +86,4 @@ class ProgressView:
                 f"ETA {eta}  |  {workers}")
 
     def __call__(self, force: bool = False) -> None:
-        began = time.monotonic()
-        if force or began - self.last >= max(self.every_s, SNAPSHOT_TIME_FACTOR * self.took):
-            snap = snapshot(self.storage, self.plan)
-            self.last = time.monotonic()
-            self.took = self.last - began
-            self.echo(self.line(snap))
+        self._print(force)

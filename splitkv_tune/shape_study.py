@@ -37,6 +37,11 @@ FATAL_CUDA_MARKERS = ("illegal memory access", "unspecified launch failure",
                       "CUDA error: an illegal", "device-side assert", "misaligned address")
 
 
+def _back_off() -> None:
+    """The wait after stepping back from a claim (BACK_OFF_S)."""
+    time.sleep(random.uniform(0.0, BACK_OFF_S))
+
+
 class SweepAborted(RuntimeError):
     """The sweep cannot go on in this process (e.g. the CUDA context is poisoned)."""
 
@@ -202,12 +207,12 @@ class ShapeRunner:
             if rival is not None:  # another sweep on the storage claimed it too
                 self._repeat(trial, rival, None)
                 streak += 1
-                time.sleep(random.uniform(0.0, BACK_OFF_S))  # so that two that raced do not again
+                _back_off()
                 continue
             streak = 0
             if self._beyond_target(actual):
                 self._tell(trial, state=optuna.trial.TrialState.FAIL)  # no record: not a trial row
-                time.sleep(random.uniform(0.0, BACK_OFF_S))
+                _back_off()
                 continue
             try:
                 with records.heartbeat(self.storage, trial):

@@ -30,7 +30,7 @@
   second sweep on the same storage never fails the first one's trials). ``trials.csv`` and
   ``heuristics.csv`` are rebuilt from storage (atomically) at start, after the first trial
   timed ``REBUILD_EVERY_S`` seconds after the last rebuild (or ``REBUILD_TIME_FACTOR`` times
-  that rebuild's own time, when longer), and on exit (SIGTERM included), so they follow the
+  that rebuild's own time, when longer: ``progress.Pacer``), and on exit (SIGTERM included), so they follow the
   storage; a rebuild reads every trial of the storage (about a second at 10,000 trials), so it
   is not done per shape. Results in
   ``--out`` that the storage did not produce are not overwritten without ``--force``
@@ -51,6 +51,7 @@ from tqdm.auto import tqdm
 
 from splitkv_tune import (bench, estimate, gpus, meta, outdir, records, space, table,
                           termination)
+from splitkv_tune import progress as progress_mod
 from splitkv_tune import storage as storage_mod
 from splitkv_tune.records import rebuild_trials_csv
 from splitkv_tune.shape_study import ShapeRunner, SweepAborted, project
@@ -191,21 +192,6 @@ def _os_errors_raised_only(when: bool):
             raise
 
 
-class RebuildPacer:
-    """Calls ``rebuild`` when it is due: ``REBUILD_EVERY_S`` after the last call's end, or
-    ``REBUILD_TIME_FACTOR`` times the last call's own time when that is longer."""
-
-    def __init__(self, rebuild):
-        self.rebuild, self.last, self.took = rebuild, time.monotonic(), 0.0
-
-    def __call__(self) -> None:
-        began = time.monotonic()
-        if began - self.last >= max(REBUILD_EVERY_S, REBUILD_TIME_FACTOR * self.took):
-            self.rebuild()
-            self.last = time.monotonic()
-            self.took = self.last - began
-
-
 def dry_run_summary(plan: SweepPlan) -> dict:
     """Per-shape candidates, sampler, trial count, time and memory estimates (``estimate``),
     and the shapes whose memory exceeds what the device has (``too_big``)."""
@@ -288,7 +274,7 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
                "resume": plan.resume, "status": "running", "shapes": len(plan.shapes)})
     meta.write_run_meta(out_dir, run_meta)
     start = time.monotonic()
-    rebuild_when_due = RebuildPacer(rebuild_files)
+    rebuild_when_due = progress_mod.Pacer(rebuild_files, REBUILD_EVERY_S, REBUILD_TIME_FACTOR)
     totals = {"timed": 0, "failed": 0, "recovered": 0}
 
     def after_trial(timing: bench.Timing) -> None:

@@ -128,7 +128,11 @@ def pick_winner(group: pd.DataFrame, min_margin: float = MIN_NOISE_MARGIN):
     >>> int(win.num_splits), int(runner.num_splits), margin
     (8, 16, 0.02)
     """
-    winner, runner, margin = _winner_positions(*_winner_columns(group), min_margin)
+    return _rows_of(group, _winner_positions(*_winner_columns(group), min_margin))
+
+
+def _rows_of(group: pd.DataFrame, positions) -> tuple:
+    winner, runner, margin = positions
     return group.iloc[winner], None if runner is None else group.iloc[runner], margin
 
 
@@ -150,7 +154,11 @@ def per_block_kv_bests(group: pd.DataFrame, min_margin: float = MIN_NOISE_MARGIN
     >>> {k: v for k, v in per_block_kv_bests(g).items() if v is not None}
     {'best_us_kv32': 12.0, 'best_splits_kv32': 16, 'best_us_kv64': 9.05, 'best_splits_kv64': 4}
     """
-    columns = _winner_columns(group)
+    return _block_kv_bests(group, _winner_columns(group), min_margin)
+
+
+def _block_kv_bests(group: pd.DataFrame, columns: tuple, min_margin: float) -> dict:
+    """:func:`per_block_kv_bests` of the group whose :func:`_winner_columns` are ``columns``."""
     block_kv = [int(b) for b in group["block_kv"].tolist()]
     out = {}
     for b, (us, splits) in zip(tunables.BLOCK_KV, PER_BLOCK_KV_COLUMNS):
@@ -180,7 +188,8 @@ def build_heuristics(trials: pd.DataFrame, gpu: str | None = None,
     usable = usable_trials(trials)
     rows = []
     for _, group in usable.groupby(["gpu"] + SHAPE_COLUMNS, sort=True, dropna=False):
-        winner, runner, margin = pick_winner(group, min_margin)
+        columns = _winner_columns(group)  # read once for the winner and the per-block_kv bests
+        winner, runner, margin = _rows_of(group, _winner_positions(*columns, min_margin))
         row = {"schema_version": SCHEMA_VERSION}
         for col in ["gpu"] + SHAPE_COLUMNS + CONFIG_COLUMNS + [
                 "median_us", "p20_us", "p80_us", "gbps", "frac_copy_bw", "run_id"]:
@@ -190,7 +199,7 @@ def build_heuristics(trials: pd.DataFrame, gpu: str | None = None,
         row["runner_up_us"] = None if runner is None else runner["median_us"]
         row["noise_margin"] = margin
         row["n_trials"] = len(group)
-        row.update(per_block_kv_bests(group, min_margin))
+        row.update(_block_kv_bests(group, columns, min_margin))
         rows.append(row)
     table = pd.DataFrame(rows, columns=HEURISTICS_COLUMNS)
     if len(table):

@@ -173,13 +173,13 @@ def run_local(plan, storage, run_id, copy_bw, winners, quiet, rebuild) -> dict:
     view and keep trials.csv current until they all exit; return their exit codes."""
     from splitkv_tune import progress
     from splitkv_tune import storage as storage_mod
-    from splitkv_tune.sweep import RebuildPacer
+    from splitkv_tune.sweep import REBUILD_EVERY_S, REBUILD_TIME_FACTOR
     for shape in plan.shapes:
         ShapeRunner(plan, shape, storage, run_id, copy_bw, table.lookup_config(winners, shape))
     target = storage_mod.describe(plan.storage, plan.out_dir)
     show = not quiet if quiet is not None else sys.stderr.isatty()
     view = progress.ProgressView(storage, plan, lambda line: print(line, file=sys.stderr))
-    rebuild_when_due = RebuildPacer(rebuild)
+    rebuild_when_due = progress.Pacer(rebuild, REBUILD_EVERY_S, REBUILD_TIME_FACTOR)
 
     def on_poll() -> None:
         if show:

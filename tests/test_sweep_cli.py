@@ -176,32 +176,6 @@ def test_interrupted_sweep_resumes_without_losing_or_redoing_trials(grid, tmp_pa
     assert len(pd.read_csv(out / "heuristics.csv")) == shapes
 
 
-def test_a_rebuild_waits_longer_after_a_slow_one(monkeypatch):
-    """On a large storage a rebuild takes seconds: the next waits that many times over, so the
-    files' upkeep stays a small share of the sweep."""
-    clock = [100.0]
-    monkeypatch.setattr(sweep_mod.time, "monotonic", lambda: clock[0])
-    done = []
-
-    def rebuild(seconds):
-        done.append(clock[0])
-        clock[0] += seconds
-
-    took = [0.5]
-    pacer = sweep_mod.RebuildPacer(lambda: rebuild(took[0]))
-    for now in (110.0, 129.0, 130.0, 159.0, 160.5):
-        clock[0] = now
-        pacer()
-    assert done == [130.0, 160.5]  # every REBUILD_EVERY_S while a rebuild takes 0.5 s
-    took[0] = 3.0                   # 20 x 3 s: the next is due 60 s after this one ends
-    clock[0] = 200.0
-    pacer()
-    for now in (250.0, 262.9, 263.0):
-        clock[0] = now
-        pacer()
-    assert done == [130.0, 160.5, 200.0, 263.0]
-
-
 def test_failing_and_wrong_configs_are_recorded_with_reasons(grid, tmp_path, monkeypatch):
     original = bench.ShapeBench.launchers
 

@@ -288,33 +288,6 @@ def test_progress_view_counts_per_worker_and_gives_an_eta(grid, tmp_path, tiny_g
     assert "w0:" in lines[0] and "running" in lines[0] and "ETA" in lines[0]
 
 
-def test_the_progress_view_waits_longer_after_a_slow_snapshot(monkeypatch):
-    """A snapshot reads every trial: on a large storage the view spaces them by their cost."""
-    from splitkv_tune import progress
-    clock = [1000.0]
-    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
-    cost = [0.1]
-
-    def slow_snapshot(storage, plan):
-        clock[0] += cost[0]
-        return {"per_worker": {}, "done": 0, "planned": 1}
-
-    monkeypatch.setattr(progress, "snapshot", slow_snapshot)
-    lines = []
-    view = progress.ProgressView(None, None, lines.append)
-    for now in (1000.0, 1004.0, 1005.1, 1010.2):  # every 5 s after the last ends, at 0.1 s a snapshot
-        clock[0] = now
-        view()
-    assert len(lines) == 3
-    cost[0] = 2.0                                 # 10 x 2 s: the next is due 20 s after this one
-    clock[0] = 1020.0
-    view()
-    for now, printed in ((1030.0, 4), (1041.9, 4), (1042.0, 5)):
-        clock[0] = now
-        view()
-        assert len(lines) == printed
-
-
 @pytest.mark.parametrize("storage,expected", [("foo://bar", "unknown database"),
                                               ("missing.journal", "no journal")])
 def test_worker_with_a_bad_storage(grid, tmp_path, storage, expected):
