@@ -332,11 +332,13 @@ for mode in "$@"; do
       grid=${HOLDOUT_GRID:-configs/batches_holdout.yaml}
       name=$(basename "$grid" .yaml); name=${name#batches_}
       # A GPU with no batch sweep yet has no table: its selector is the model for every batch.
-      table=()
-      if [ -f results/$gpu/batches/batches.csv ]; then
-        splitkv-tune batch-table results/$gpu/batches/batches.csv results/$gpu/batches/batches_dense.csv \
-          results/$gpu/batches/batches_head_dims.csv results/$gpu/batches/batches_split_plan.csv --gpu "$flag" \
-          -o results/$gpu/batch_table.csv \
+      # The table is built from the sweeps this GPU has, in that order.
+      table=() sweeps=()
+      for sweep in batches batches_dense batches_head_dims batches_split_plan; do
+        [ -f results/$gpu/batches/$sweep.csv ] && sweeps+=(results/$gpu/batches/$sweep.csv)
+      done
+      if [ ${#sweeps[@]} -gt 0 ]; then
+        splitkv-tune batch-table "${sweeps[@]}" --gpu "$flag" -o results/$gpu/batch_table.csv \
           2>&1 | tee -a "$out/batch_evaluate.log"
         table=(--batch-table results/$gpu/batch_table.csv)
       fi
