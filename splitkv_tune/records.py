@@ -187,9 +187,13 @@ def is_stale(trial: optuna.trial.FrozenTrial) -> bool:
     return owner.get("host") == platform.node() and not _process_alive(owner, trial._trial_id)
 
 
+def _running_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(_RUNNING,))
+
+
 def _live_claims(study: optuna.Study):
     """``(config, trial number)`` of each live trial that has named its config."""
-    for trial in study.get_trials(deepcopy=False, states=(_RUNNING,)):
+    for trial in _running_trials(study):
         config = config_of(trial)
         if config is not None and not is_stale(trial):
             yield config, trial.number
@@ -210,7 +214,7 @@ def recover_interrupted(study: optuna.Study) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         fail_stale_trials(study)  # Optuna's heartbeat, where the storage has one
-    stale = [t for t in study.get_trials(deepcopy=False, states=(_RUNNING,)) if is_stale(t)]
+    stale = [t for t in _running_trials(study) if is_stale(t)]
     for trial in stale:
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
     return len(stale)

@@ -182,16 +182,6 @@ class SweepPlan:
             else min(n_candidates, TPE_DEFAULT_TRIALS)
 
 
-@contextlib.contextmanager
-def _os_errors_raised_only(when: bool):
-    """Lets an OSError of the block through only ``when``; else it is dropped."""
-    try:
-        yield
-    except OSError:
-        if when:
-            raise
-
-
 def dry_run_summary(plan: SweepPlan) -> dict:
     """Per-shape candidates, sampler, trial count, time and memory estimates (``estimate``),
     and the shapes whose memory exceeds what the device has (``too_big``)."""
@@ -356,9 +346,10 @@ def run_sweep(plan: SweepPlan, *, argv=None, progress: bool | None = None) -> di
         # rebuilds the files from the storage. When the run did not complete, another error is
         # on its way out and says why, so an OSError here only costs what --resume redoes.
         run_meta.update(status=status, elapsed_s=round(time.monotonic() - start, 3), **totals)
-        with _os_errors_raised_only(status == "completed"):
+        os_errors = contextlib.nullcontext() if status == "completed" else contextlib.suppress(OSError)
+        with os_errors:
             meta.write_run_meta(out_dir, run_meta)
-        with _os_errors_raised_only(status == "completed"):
+        with os_errors:
             frame, heuristics = rebuild_files()
     return {"run_id": run_id, "trials_csv": trials_path, "heuristics_csv": heuristics_path,
             "trials": frame, "heuristics": heuristics, "copy_bw_gbps": copy_bw, **totals}

@@ -1,5 +1,5 @@
 """Each GPU's shipped heuristics.csv is the table of the sweeps its table_parts.txt names, and its
-batch_table.csv the table of its batch sweeps (tools/gpu_session.sh batch-evaluate builds it so)."""
+batch_table.csv the table of the batch sweeps its batch_table_parts.txt names."""
 from pathlib import Path
 
 import pytest
@@ -10,10 +10,7 @@ from splitkv_tune.cli_sweep import table as table_cmd
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 MANIFESTS = sorted(RESULTS.glob("*/table_parts.txt"))
-BATCH_TABLES = sorted(RESULTS.glob("*/batch_table.csv"))
-# The batch sweeps a GPU's batch table is built from, in this order (later sweeps' rows replace
-# earlier ones' for the classes both time).
-BATCH_SWEEPS = ("batches", "batches_dense", "batches_head_dims", "batches_split_plan")
+BATCH_MANIFESTS = sorted(RESULTS.glob("*/batch_table_parts.txt"))
 
 
 def table_parts(manifest: Path) -> list[Path]:
@@ -36,13 +33,17 @@ def test_the_shipped_table_is_the_table_of_its_parts(manifest, tmp_path):
     assert out.read_text() == (manifest.parent / "heuristics.csv").read_text()
 
 
-@pytest.mark.parametrize("shipped", BATCH_TABLES, ids=lambda t: t.parent.name)
-def test_the_shipped_batch_table_is_the_table_of_its_batch_sweeps(shipped, tmp_path):
-    sweeps = [shipped.parent / "batches" / f"{name}.csv" for name in BATCH_SWEEPS]
-    sweeps = [s for s in sweeps if s.is_file()]
-    assert sweeps, shipped
+def test_every_gpu_with_a_shipped_batch_table_names_its_sweeps():
+    shipped = sorted(p.parent for p in RESULTS.glob("*/batch_table.csv"))
+    assert shipped and shipped == [m.parent for m in BATCH_MANIFESTS]
+
+
+@pytest.mark.parametrize("manifest", BATCH_MANIFESTS, ids=lambda m: m.parent.name)
+def test_the_shipped_batch_table_is_the_table_of_its_batch_sweeps(manifest, tmp_path):
+    sweeps = table_parts(manifest)
+    assert sweeps and all(s.is_file() for s in sweeps), sweeps
     out = tmp_path / "batch_table.csv"
-    gpu = shipped.parent.name.removeprefix("nvidia_")
+    gpu = manifest.parent.name.removeprefix("nvidia_")
     result = CliRunner().invoke(batch_table_cmd, [*map(str, sweeps), "--gpu", gpu, "-o", str(out)])
     assert result.exit_code == 0, result.output
-    assert out.read_text() == shipped.read_text()
+    assert out.read_text() == (manifest.parent / "batch_table.csv").read_text()

@@ -124,12 +124,15 @@ dense_sweep() {
     $( [ -f "$dir/optuna.journal" ] && echo --resume ) 2>&1 | tail -8 | tee -a "$out/dense_part.log"
   shipped_table
 }
+# parts_of MANIFEST: the paths a results/<gpu>/*_parts.txt names (one a line, relative to
+# results/<gpu>; '#' lines and blank ones skipped), one a line.
+parts_of() { grep -v '^[[:space:]]*\(#\|$\)' "$1" | sed "s|^|results/$gpu/|"; }
 # The table the selector ships for this GPU, rebuilt from the sweeps its table_parts.txt names
 # (a sweep writes only its own folder's table); a GPU without that file ships none yet.
 shipped_table() {
   local manifest=results/$gpu/table_parts.txt parts
   [ -f "$manifest" ] || return 0
-  mapfile -t parts < <(grep -v '^[[:space:]]*\(#\|$\)' "$manifest" | sed "s|^|results/$gpu/|")
+  mapfile -t parts < <(parts_of "$manifest")
   splitkv-tune table "${parts[@]}" -o "results/$gpu/heuristics.csv" 2>&1 | tail -2 | tee -a "$out/table.log"
 }
 # evaluate_held_out SHAPES NAME: the selector's regret on a held-out set, every timed config kept
@@ -324,20 +327,16 @@ for mode in "$@"; do
         --csv results/$gpu/batches/$(basename "$grid" .yaml).csv 2>&1 | tail -40 | tee -a "$out/batch_sweep.log"
       ;;
     batch-evaluate)
-      # The batch table from the batch sweeps (none before the GPU's first batch-sweep), then the
+      # The batch table from the batch sweeps its batch_table_parts.txt names, then the
       # selector's regret on held-out batches ($HOLDOUT_GRID, default configs/batches_holdout.yaml,
       # ~4 min, resumable; rows in results/<gpu>/batches/<grid name less batches_>.csv, the report
-      # in evaluate_<that>.md/.csv) beside the auto knobs and FA2/FA3/SGLang. The split-plan sweep
-      # last: its classes take its rows (batch_table.py).
+      # in evaluate_<that>.md/.csv) beside the auto knobs and FA2/FA3/SGLang. A GPU without that
+      # file has no table: its selector is the model for every batch.
       grid=${HOLDOUT_GRID:-configs/batches_holdout.yaml}
       name=$(basename "$grid" .yaml); name=${name#batches_}
-      # A GPU with no batch sweep yet has no table: its selector is the model for every batch.
-      # The table is built from the sweeps this GPU has, in that order.
-      table=() sweeps=()
-      for sweep in batches batches_dense batches_head_dims batches_split_plan; do
-        [ -f results/$gpu/batches/$sweep.csv ] && sweeps+=(results/$gpu/batches/$sweep.csv)
-      done
-      if [ ${#sweeps[@]} -gt 0 ]; then
+      table=()
+      if [ -f results/$gpu/batch_table_parts.txt ]; then
+        mapfile -t sweeps < <(parts_of results/$gpu/batch_table_parts.txt)
         splitkv-tune batch-table "${sweeps[@]}" --gpu "$flag" -o results/$gpu/batch_table.csv \
           2>&1 | tee -a "$out/batch_evaluate.log"
         table=(--batch-table results/$gpu/batch_table.csv)
