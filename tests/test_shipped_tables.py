@@ -9,8 +9,10 @@ from splitkv_tune.cli_batch import batch_table as batch_table_cmd
 from splitkv_tune.cli_sweep import table as table_cmd
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
-MANIFESTS = sorted(RESULTS.glob("*/table_parts.txt"))
-BATCH_MANIFESTS = sorted(RESULTS.glob("*/batch_table_parts.txt"))
+# kind: (its manifest, the table it names the parts of)
+KINDS = {"table": ("table_parts.txt", "heuristics.csv"),
+         "batch table": ("batch_table_parts.txt", "batch_table.csv")}
+MANIFESTS = [(kind, m) for kind, (name, _) in KINDS.items() for m in sorted(RESULTS.glob(f"*/{name}"))]
 
 
 def table_parts(manifest: Path) -> list[Path]:
@@ -18,32 +20,23 @@ def table_parts(manifest: Path) -> list[Path]:
     return [manifest.parent / line for line in lines if line and not line.startswith("#")]
 
 
-def test_every_gpu_with_a_shipped_table_names_its_parts():
-    shipped = sorted(p.parent for p in RESULTS.glob("*/heuristics.csv"))
-    assert shipped and shipped == [m.parent for m in MANIFESTS]
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_gpu_with_a_shipped_table_names_its_parts(kind):
+    manifest, table = KINDS[kind]
+    shipped = sorted(p.parent for p in RESULTS.glob(f"*/{table}"))
+    assert shipped and shipped == sorted(m.parent for k, m in MANIFESTS if k == kind)
 
 
-@pytest.mark.parametrize("manifest", MANIFESTS, ids=lambda m: m.parent.name)
-def test_the_shipped_table_is_the_table_of_its_parts(manifest, tmp_path):
+@pytest.mark.parametrize("kind, manifest", MANIFESTS, ids=lambda x: x if isinstance(x, str) else x.parent.name)
+def test_the_shipped_table_is_the_table_of_its_parts(kind, manifest, tmp_path):
     parts = table_parts(manifest)
-    assert parts and all((part / "trials.csv").is_file() for part in parts), parts
-    out = tmp_path / "heuristics.csv"
-    result = CliRunner().invoke(table_cmd, [*map(str, parts), "-o", str(out)])
+    if kind == "table":  # sweep folders
+        assert parts and all((part / "trials.csv").is_file() for part in parts), parts
+        command, options = table_cmd, []
+    else:  # batch sweeps' CSVs, tabled for the manifest's GPU
+        assert parts and all(part.is_file() for part in parts), parts
+        command, options = batch_table_cmd, ["--gpu", manifest.parent.name.removeprefix("nvidia_")]
+    out = tmp_path / KINDS[kind][1]
+    result = CliRunner().invoke(command, [*map(str, parts), *options, "-o", str(out)])
     assert result.exit_code == 0, result.output
-    assert out.read_text() == (manifest.parent / "heuristics.csv").read_text()
-
-
-def test_every_gpu_with_a_shipped_batch_table_names_its_sweeps():
-    shipped = sorted(p.parent for p in RESULTS.glob("*/batch_table.csv"))
-    assert shipped and shipped == [m.parent for m in BATCH_MANIFESTS]
-
-
-@pytest.mark.parametrize("manifest", BATCH_MANIFESTS, ids=lambda m: m.parent.name)
-def test_the_shipped_batch_table_is_the_table_of_its_batch_sweeps(manifest, tmp_path):
-    sweeps = table_parts(manifest)
-    assert sweeps and all(s.is_file() for s in sweeps), sweeps
-    out = tmp_path / "batch_table.csv"
-    gpu = manifest.parent.name.removeprefix("nvidia_")
-    result = CliRunner().invoke(batch_table_cmd, [*map(str, sweeps), "--gpu", gpu, "-o", str(out)])
-    assert result.exit_code == 0, result.output
-    assert out.read_text() == (manifest.parent / "batch_table.csv").read_text()
+    assert out.read_text() == (manifest.parent / KINDS[kind][1]).read_text()
