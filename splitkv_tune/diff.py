@@ -11,7 +11,10 @@ heuristics table first, with the sweep's tie rule). For every shape in both:
 * ``margin`` - the larger of the two runs' noise margins (``noise_margin``, the tie rule's
   ``(p80 - p20) / median``), and at least ``min_margin``;
 * ``verdict`` - ``regression`` when ``ratio > 1 + margin``, ``improvement`` when
-  ``ratio < 1 - margin``, else ``same``.
+  ``ratio < 1 - margin``, else ``same``;
+* ``a_winner_regret_in_b`` - when B is a trials file that timed A's winner on the shape: that
+  config's time in B over B's fastest trial, less 1 (what keeping A's table costs on B's system,
+  e.g. after a driver update: near 0 when the winners changed only within the noise); else None.
 
 Shapes in one run only are listed as ``only_in_a`` / ``only_in_b``. :func:`diff_tables`
 returns the report; the command exits 1 when any shape regressed (for CI), 0 otherwise.
@@ -31,7 +34,8 @@ VERDICTS = ("regression", "improvement", "same")
 
 
 def read_run(path, gpu: str | None = None):
-    """A heuristics table (DataFrame) from a heuristics.csv or a trials.csv."""
+    """A heuristics table (DataFrame) from a heuristics.csv or a trials.csv, and the successful
+    trials it was reduced from (None for a heuristics.csv)."""
     from splitkv_tune.table_schema import _read_csv, validate_heuristics, validate_trials
     raw = _read_csv(path)
     if "status" in raw.columns:
@@ -44,13 +48,13 @@ def read_run(path, gpu: str | None = None):
         ok = _ok_trials(trials)
         if not len(ok):
             raise TableError(path, "no successful trials")
-        return heuristics_from_trials(ok, name)
+        return heuristics_from_trials(ok, name), ok
     table = validate_heuristics(raw, path)
     if gpu is not None:
         table = keep_gpu(table, gpu, path)
     elif len(set(table["gpu"])) > 1:
         raise TableError(path, "rows for several GPUs; pass --gpu")
-    return table
+    return table, None
 
 
 def _best_us(row) -> float:
@@ -79,8 +83,20 @@ def _shape(row) -> dict:
     return {c: (row[c] if c == "dtype" else int(row[c])) for c in SHAPE_COLUMNS}
 
 
-def diff_tables(a, b, min_margin: float = DEFAULT_MIN_MARGIN) -> dict:
+def _trial_times(trials) -> dict:
+    """Per shape (its SHAPE_COLUMNS values): each config's fastest time and the fastest of all."""
+    times: dict = {}
+    for r in trials.to_dict("records"):
+        shape = times.setdefault(tuple(_shape(r).values()), {"configs": {}, "best": math.inf})
+        cfg, t = tuple(_config(r).values()), float(r["median_us"])
+        shape["configs"][cfg] = min(t, shape["configs"].get(cfg, math.inf))
+        shape["best"] = min(t, shape["best"])
+    return times
+
+
+def diff_tables(a, b, min_margin: float = DEFAULT_MIN_MARGIN, trials_b=None) -> dict:
     """Compare two heuristics tables (DataFrames); see the module docstring for the fields.
+    ``trials_b``: B's successful trials, when B is a trials file (for ``a_winner_regret_in_b``).
 
     Returns ``{"shapes": [...], "only_in_a": [...], "only_in_b": [...], "summary": {...}}``.
     """
@@ -88,6 +104,7 @@ def diff_tables(a, b, min_margin: float = DEFAULT_MIN_MARGIN) -> dict:
         raise ValueError(f"min_margin must be a finite number >= 0, got {min_margin}")
     rows_a = {tuple(_shape(r).values()): r for r in a.to_dict("records")}
     rows_b = {tuple(_shape(r).values()): r for r in b.to_dict("records")}
+    timed_b = _trial_times(trials_b) if trials_b is not None else {}
     shapes = []
     for key in sorted(set(rows_a) & set(rows_b)):
         ra, rb = rows_a[key], rows_b[key]
@@ -96,17 +113,28 @@ def diff_tables(a, b, min_margin: float = DEFAULT_MIN_MARGIN) -> dict:
         margin = max(_margin(ra), _margin(rb), min_margin)
         verdict = ("regression" if ratio > 1 + margin else
                    "improvement" if ratio < 1 - margin else "same")
+        in_b = timed_b.get(key, {"configs": {}})
+        a_in_b = in_b["configs"].get(tuple(_config(ra).values()))
         shapes.append({**_shape(ra), "winner_a": _config(ra), "winner_b": _config(rb),
                        "winner_changed": _config(ra) != _config(rb), "best_us_a": best_a,
-                       "best_us_b": best_b, "ratio": ratio, "margin": margin, "verdict": verdict})
+                       "best_us_b": best_b, "ratio": ratio, "margin": margin, "verdict": verdict,
+                       "a_winner_regret_in_b": None if a_in_b is None else a_in_b / in_b["best"] - 1})
     only = {side: [_shape(rows[k]) for k in sorted(set(rows) - set(other))]
             for side, rows, other in (("only_in_a", rows_a, rows_b), ("only_in_b", rows_b, rows_a))}
     ratios = [s["ratio"] for s in shapes]
     summary = {v: sum(s["verdict"] == v for s in shapes) for v in VERDICTS}
+    regrets = [s["a_winner_regret_in_b"] for s in shapes if s["a_winner_regret_in_b"] is not None]
     summary.update(compared=len(shapes), winners_changed=sum(s["winner_changed"] for s in shapes),
-                   geomean_ratio=(math.exp(sum(map(math.log, ratios)) / len(ratios))
-                                  if ratios else None))
+                   geomean_ratio=_geomean(ratios),
+                   a_winners_timed_in_b=len(regrets),
+                   a_winner_regret_in_b_geomean=(None if not regrets else
+                                                 _geomean([1 + r for r in regrets]) - 1),
+                   a_winner_regret_in_b_max=max(regrets, default=None))
     return {"shapes": shapes, **only, "summary": summary}
+
+
+def _geomean(values) -> float | None:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
 def _cfg_text(c: dict) -> str:
@@ -116,14 +144,16 @@ def _cfg_text(c: dict) -> str:
 def to_text(report: dict, name_a: str, name_b: str) -> str:
     """The report as a fixed-width table and a summary line."""
     lines = [f"A: {name_a}", f"B: {name_b}", "",
-             f"{'shape':<44} {'winner A':<26} {'winner B':<26} {'B/A':>7} {'noise':>6}  verdict"]
+             f"{'shape':<44} {'winner A':<26} {'winner B':<26} {'B/A':>7} {'noise':>6} {'A in B':>7}  verdict"]
     for s in report["shapes"]:
         shape = (f"{s['dtype']} D{s['head_dim']} c{s['causal']} B{s['batch']} Hq{s['q_heads']} "
                  f"Hkv{s['kv_heads']} Sq{s['q_len']} Sk{s['kv_len']}")
         changed = "" if not s["winner_changed"] else " *"
+        regret = s["a_winner_regret_in_b"]
+        a_in_b = "-" if regret is None else f"+{regret * 100:.1f}%"
         lines.append(f"{shape:<44} {_cfg_text(s['winner_a']):<26} "
                      f"{_cfg_text(s['winner_b']) + changed:<26} {s['ratio']:>7.3f} "
-                     f"{s['margin'] * 100:>5.1f}%  {s['verdict']}")
+                     f"{s['margin'] * 100:>5.1f}% {a_in_b:>7}  {s['verdict']}")
     for side in ("only_in_a", "only_in_b"):
         for shape in report[side]:
             lines.append(f"{side.replace('_', ' ')}: " + " ".join(f"{k}={v}" for k, v in shape.items()))
@@ -132,6 +162,11 @@ def to_text(report: dict, name_a: str, name_b: str) -> str:
     lines += ["", f"{m['compared']} shapes compared: {m['regression']} regressions, "
                   f"{m['improvement']} improvements, {m['same']} within noise; "
                   f"{m['winners_changed']} winners changed (*); geometric-mean B/A {gm}"]
+    if m["a_winners_timed_in_b"]:
+        lines.append(f"A's winners timed in B ('A in B': their time over B's fastest trial, less 1), "
+                     f"{m['a_winners_timed_in_b']} shapes: geometric mean "
+                     f"{m['a_winner_regret_in_b_geomean'] * 100:.2f}%, max "
+                     f"{m['a_winner_regret_in_b_max'] * 100:.2f}%")
     return "\n".join(lines) + "\n"
 
 
@@ -147,7 +182,8 @@ def diff_command(run_a, run_b, gpu, min_margin, as_json):
     """Compare two heuristics or trials files per shape: winners changed, B/A time ratios
     against the runs' noise. Exit 1 when a shape got slower beyond the noise (for CI)."""
     try:
-        report = diff_tables(read_run(run_a, gpu), read_run(run_b, gpu), min_margin)
+        (table_a, _), (table_b, trials_b) = read_run(run_a, gpu), read_run(run_b, gpu)
+        report = diff_tables(table_a, table_b, min_margin, trials_b)
     except TableError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

@@ -1,14 +1,16 @@
 """``splitkv-tune diff``: winners and time ratios per shape against the runs' noise, exit 1
-on a regression beyond it, JSON output, trials or heuristics on either side."""
+on a regression beyond it, JSON output, trials or heuristics on either side, and A's winners
+timed in B's trials."""
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
 from splitkv_tune.cli import main
-from splitkv_tune.diff import diff_tables
-from splitkv_tune.table_schema import read_heuristics
+from splitkv_tune.diff import diff_tables, read_run
+from splitkv_tune.table_schema import CONFIG_COLUMNS, SHAPE_COLUMNS, read_heuristics, read_trials
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HEURISTICS = FIXTURES / "heuristics.csv"
@@ -83,3 +85,47 @@ def test_bad_input_exits_2(tmp_path, args, needle):
     result = _run(*(a.format(tmp=tmp_path, good=HEURISTICS) for a in args))
     assert result.exit_code == 2 and needle in result.output
     assert "Traceback" not in result.output
+
+
+def _winners_timed(trials: pd.DataFrame, table: pd.DataFrame) -> list[float]:
+    """Each table winner's time in ``trials`` over the shape's fastest trial, less 1, by pandas."""
+    ok = trials[trials["status"] == "ok"]
+    out = []
+    for _, w in table.iterrows():
+        shape = ok[(ok[SHAPE_COLUMNS] == w[SHAPE_COLUMNS]).all(axis=1)]
+        cfg = shape[(shape[CONFIG_COLUMNS] == w[CONFIG_COLUMNS]).all(axis=1)]
+        if len(cfg):
+            out.append(cfg["median_us"].min() / shape["median_us"].min() - 1)
+    return out
+
+
+def test_a_winners_timed_in_b_trials(tmp_path):
+    trials = read_trials(TRIALS)
+    table_a, _ = read_run(TRIALS, "h200")
+    # B: A's first winner 1.5x slower, so another config of that shape may become B's fastest
+    w = table_a.iloc[0]
+    slower = trials.copy()
+    rows = ((slower[SHAPE_COLUMNS] == w[SHAPE_COLUMNS]).all(axis=1)
+            & (slower[CONFIG_COLUMNS] == w[CONFIG_COLUMNS]).all(axis=1))
+    assert rows.any()
+    slower.loc[rows, ["median_us", "p20_us", "p80_us"]] *= 1.5
+    path_b = tmp_path / "b.csv"
+    slower.to_csv(path_b, index=False)
+    result = _run(TRIALS, path_b, "--gpu", "h200", "--json")
+    report = json.loads(result.output)
+    got = [s["a_winner_regret_in_b"] for s in report["shapes"]]
+    expected = _winners_timed(slower, table_a)
+    assert len(got) == len(expected) == report["summary"]["a_winners_timed_in_b"]
+    assert got == pytest.approx(expected)
+    assert got[0] > 0.0 and all(r >= 0.0 for r in got)
+    assert report["summary"]["a_winner_regret_in_b_max"] == pytest.approx(max(expected))
+    text = _run(TRIALS, path_b, "--gpu", "h200").output
+    assert f"{len(expected)} shapes: geometric mean" in text and f"+{got[0] * 100:.1f}%" in text
+
+
+def test_a_winners_are_not_timed_in_a_heuristics_table():
+    result = _run(TRIALS, HEURISTICS, "--gpu", "h200", "--json")
+    report = json.loads(result.output)
+    assert all(s["a_winner_regret_in_b"] is None for s in report["shapes"])
+    assert report["summary"]["a_winners_timed_in_b"] == 0
+    assert "timed in B" not in _run(TRIALS, HEURISTICS, "--gpu", "h200").output
