@@ -17,7 +17,7 @@ from splitkv_tune.cli_errors import check_output, exit_2_on_bad_input, fail
 from splitkv_tune.gpus import profile_for, resolve_gpu
 from splitkv_tune.selector import (TABLES_ENV, HeuristicTable, load_table_for_gpu, select_shape,
                                    table_path_for_gpu)
-from splitkv_tune.table_schema import SHAPE_COLUMNS, TableError, read_heuristics, read_trials
+from splitkv_tune.table_schema import SHAPE_COLUMNS, TableError, read_heuristics, read_trials, with_gpu
 from splitkv_tune.tunables import Shape
 
 
@@ -308,6 +308,7 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
         gpu = _gpu_name(gpu, trial_rows)
         if gpu is None:
             _fail(f"{trials} holds trials of several GPUs: name one with --gpu")
+        trial_rows = with_gpu(trial_rows, gpu, trials)
         if table is not None:
             loaded, where = _load_table(table, gpu)
             df = evaluation.evaluate_trials(trial_rows, gpu, leave_one_out=False, table=loaded)

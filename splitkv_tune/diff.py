@@ -27,7 +27,7 @@ import sys
 
 import click
 
-from splitkv_tune.table_schema import CONFIG_COLUMNS, SHAPE_COLUMNS, TableError, keep_gpu
+from splitkv_tune.table_schema import CONFIG_COLUMNS, SHAPE_COLUMNS, TableError, keep_gpu, with_gpu
 
 DEFAULT_MIN_MARGIN = 0.01
 VERDICTS = ("regression", "improvement", "same")
@@ -40,7 +40,7 @@ def read_run(path, gpu: str | None = None):
     raw = _read_csv(path)
     if "status" in raw.columns:
         from splitkv_tune.evaluation import _ok_trials, heuristics_from_trials
-        trials = validate_trials(raw, path)
+        trials = with_gpu(validate_trials(raw, path), gpu, path)
         gpus = sorted(set(trials["gpu"])) if "gpu" in trials.columns else []
         name = gpu or (gpus[0] if len(gpus) == 1 else None)
         if name is None:

@@ -43,7 +43,7 @@ import pandas as pd  # noqa: E402
 from splitkv_tune import space, tunables  # noqa: E402
 from splitkv_tune.gpus import profile_for  # noqa: E402
 from splitkv_tune.selector import GENERIC_PROFILE  # noqa: E402
-from splitkv_tune.table_schema import (SHAPE_COLUMNS, TableError, _read_csv,  # noqa: E402
+from splitkv_tune.table_schema import (SHAPE_COLUMNS, TableError, _read_csv, with_gpu,  # noqa: E402
                                        validate_heuristics, validate_trials)
 
 PANEL_KEYS = ["dtype", "head_dim", "causal", "q_len", "group"]
@@ -206,7 +206,7 @@ def read_any(path, gpu: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame |
     if "schema_version" in raw.columns:
         return validate_heuristics(raw, path), None
     if "status" in raw.columns:
-        trials = validate_trials(raw, path)
+        trials = with_gpu(validate_trials(raw, path), gpu, path)
         if not (trials["status"] == "ok").any():
             raise TableError(path, "no successful trials")
         return _winners_from_trials(trials, gpu or _trials_gpu(path, trials))

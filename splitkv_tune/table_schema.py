@@ -332,9 +332,17 @@ def validate_trials(df, source="<trials>"):
     return out
 
 
-def read_trials(path):
-    """Read and validate ``trials.csv``."""
-    return validate_trials(_read_csv(path), path)
+def with_gpu(trials, gpu: str | None, source):
+    """Validated trials for ``gpu``: of a file whose rows name several GPUs, that GPU's rows only
+    (they must not be tabled as one GPU's); otherwise all of them, as the caller's ``gpu`` names
+    them (a file of one GPU's trials, or without a ``gpu`` column)."""
+    several = gpu is not None and "gpu" in trials.columns and trials["gpu"].nunique() > 1
+    return keep_gpu(trials, gpu, source) if several else trials
+
+
+def read_trials(path, gpu: str | None = None):
+    """Read and validate ``trials.csv``; with ``gpu``, the trials :func:`with_gpu` keeps."""
+    return with_gpu(validate_trials(_read_csv(path), path), gpu, path)
 
 
 def read_heuristics_records(path) -> list[dict]:

@@ -129,3 +129,4 @@ def test_a_winners_are_not_timed_in_a_heuristics_table():
     assert all(s["a_winner_regret_in_b"] is None for s in report["shapes"])
     assert report["summary"]["a_winners_timed_in_b"] == 0
     assert "timed in B" not in _run(TRIALS, HEURISTICS, "--gpu", "h200").output
+

@@ -1,0 +1,60 @@
+"""A trials file whose rows name several GPUs is read, by every command that takes one with
+``--gpu``, as that GPU's trials only: diff, plot and evaluate --from-trials."""
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from splitkv_tune.cli import main
+from splitkv_tune.diff import read_run
+from splitkv_tune.plot import read_any
+from splitkv_tune.table_schema import TableError, read_trials
+
+TRIALS = Path(__file__).resolve().parent / "fixtures" / "trials.csv"
+SCALE = {"h200": 1.0, "h100": 0.5}  # the H100's copy of the fixture runs twice as fast
+
+
+@pytest.fixture
+def mixed(tmp_path):
+    trials = read_trials(TRIALS)
+    frames = [trials.assign(gpu=f"nvidia_{gpu}", **{c: trials[c] * scale for c in ("median_us", "p20_us", "p80_us")})
+              for gpu, scale in SCALE.items()]
+    path = tmp_path / "mixed.csv"
+    pd.concat(frames).to_csv(path, index=False)
+    return path, trials
+
+
+@pytest.mark.parametrize("gpu", SCALE)
+def test_read_trials_keeps_the_named_gpus_rows(mixed, gpu):
+    path, trials = mixed
+    assert len(read_trials(path)) == 2 * len(trials)
+    mine = read_trials(path, gpu)
+    assert len(mine) == len(trials) and set(mine["gpu"]) == {f"nvidia_{gpu}"}
+    with pytest.raises(TableError, match="unknown GPU"):
+        read_trials(path, "l40s")
+
+
+def test_a_file_of_one_gpu_is_read_as_the_named_gpus():
+    # one GPU's trials (or none named) are the caller's, as a relabelled run's are
+    assert len(read_trials(TRIALS, "h100")) == len(read_trials(TRIALS))
+
+
+@pytest.mark.parametrize("gpu", SCALE)
+def test_diff_plot_and_evaluate_read_one_gpus_trials(mixed, gpu):
+    path, trials = mixed
+    ok = trials[trials["status"] == "ok"]
+    table, timed = read_run(path, gpu)
+    assert len(timed) == len(ok)
+    report = json.loads(CliRunner().invoke(main, ["diff", str(TRIALS), str(path), "--gpu", gpu, "--json"]).output)
+    assert report["summary"]["geomean_ratio"] == pytest.approx(SCALE[gpu])
+    winners, _ = read_any(path, gpu)
+    base, _ = read_any(TRIALS, "h200")
+    assert (winners["median_us"].to_numpy() == pytest.approx(base["median_us"].to_numpy() * SCALE[gpu]))
+    result = CliRunner().invoke(main, ["evaluate", "--gpu", gpu, "--from-trials", str(path),
+                                       "--out-csv", str(path.parent / "e.csv")])
+    assert result.exit_code == 0, result.output
+    best = pd.read_csv(path.parent / "e.csv")["best_us"]
+    by_shape = ok.groupby(["dtype", "head_dim", "causal", "batch", "q_heads", "kv_heads", "q_len", "kv_len"])["median_us"].min()
+    assert sorted(best) == pytest.approx(sorted(by_shape * SCALE[gpu]))
