@@ -12,12 +12,16 @@ heuristics table first, with the sweep's tie rule). For every shape in both:
   ``(p80 - p20) / median``), and at least ``min_margin``;
 * ``verdict`` - ``regression`` when ``ratio > 1 + margin``, ``improvement`` when
   ``ratio < 1 - margin``, else ``same``;
-* ``a_winner_regret_in_b`` - when B is a trials file that timed A's winner on the shape: that
-  config's time in B over B's fastest trial, less 1 (what keeping A's table costs on B's system,
-  e.g. after a driver update: near 0 when the winners changed only within the noise); else None.
+* ``a_winner_regret_in_b`` - when B is a trials file that timed A's winner on the shape
+  successfully: that config's time in B's trials over B's own winner's, less 1 (what keeping A's
+  table costs on B's system, e.g. after a driver update; 0 where the winner is the same, and
+  negative where B's tie rule kept a winner slower than A's within its noise); else None;
+* ``a_winner_failed_in_b`` - B timed A's winner on the shape and every such trial failed or
+  gave a wrong result.
 
 Shapes in one run only are listed as ``only_in_a`` / ``only_in_b``. :func:`diff_tables`
-returns the report; the command exits 1 when any shape regressed (for CI), 0 otherwise.
+returns the report; the command exits 1 when any shape regressed or A's winner failed in B
+(for CI), 0 otherwise.
 """
 from __future__ import annotations
 
@@ -34,8 +38,8 @@ VERDICTS = ("regression", "improvement", "same")
 
 
 def read_run(path, gpu: str | None = None):
-    """A heuristics table (DataFrame) from a heuristics.csv or a trials.csv, and the successful
-    trials it was reduced from (None for a heuristics.csv)."""
+    """A heuristics table (DataFrame) from a heuristics.csv or a trials.csv, and the trials (of
+    every status) it was reduced from (None for a heuristics.csv)."""
     from splitkv_tune.table_schema import _read_csv, validate_heuristics, validate_trials
     raw = _read_csv(path)
     if "status" in raw.columns:
@@ -48,7 +52,7 @@ def read_run(path, gpu: str | None = None):
         ok = _ok_trials(trials)
         if not len(ok):
             raise TableError(path, "no successful trials")
-        return heuristics_from_trials(ok, name), ok
+        return heuristics_from_trials(ok, name), trials
     table = validate_heuristics(raw, path)
     if gpu is not None:
         table = keep_gpu(table, gpu, path)
@@ -84,19 +88,21 @@ def _shape(row) -> dict:
 
 
 def _trial_times(trials) -> dict:
-    """Per shape (its SHAPE_COLUMNS values): each config's fastest time and the fastest of all."""
-    times: dict = {}
-    for r in trials.to_dict("records"):
-        shape = times.setdefault(tuple(_shape(r).values()), {"configs": {}, "best": math.inf})
-        cfg, t = tuple(_config(r).values()), float(r["median_us"])
-        shape["configs"][cfg] = min(t, shape["configs"].get(cfg, math.inf))
-        shape["best"] = min(t, shape["best"])
+    """Per (shape, config) (their columns' values): the fastest successful trial's time, or
+    ``math.inf`` where every trial of that config failed or was wrong."""
+    from splitkv_tune.evaluation import _ok_trials
+    times = {(tuple(_shape(r).values()), tuple(_config(r).values())): math.inf
+             for r in trials.to_dict("records")}
+    for r in _ok_trials(trials).to_dict("records"):
+        key = (tuple(_shape(r).values()), tuple(_config(r).values()))
+        times[key] = min(times[key], float(r["median_us"]))
     return times
 
 
 def diff_tables(a, b, min_margin: float = DEFAULT_MIN_MARGIN, trials_b=None) -> dict:
     """Compare two heuristics tables (DataFrames); see the module docstring for the fields.
-    ``trials_b``: B's successful trials, when B is a trials file (for ``a_winner_regret_in_b``).
+    ``trials_b``: B's trials, when B is a trials file (for ``a_winner_regret_in_b`` and
+    ``a_winner_failed_in_b``).
 
     Returns ``{"shapes": [...], "only_in_a": [...], "only_in_b": [...], "summary": {...}}``.
     """
@@ -113,12 +119,14 @@ def diff_tables(a, b, min_margin: float = DEFAULT_MIN_MARGIN, trials_b=None) -> 
         margin = max(_margin(ra), _margin(rb), min_margin)
         verdict = ("regression" if ratio > 1 + margin else
                    "improvement" if ratio < 1 - margin else "same")
-        in_b = timed_b.get(key, {"configs": {}})
-        a_in_b = in_b["configs"].get(tuple(_config(ra).values()))
+        a_in_b = timed_b.get((key, tuple(_config(ra).values())))
+        b_in_b = timed_b.get((key, tuple(_config(rb).values())), math.inf)
+        timed = a_in_b is not None and math.isfinite(a_in_b) and math.isfinite(b_in_b)
         shapes.append({**_shape(ra), "winner_a": _config(ra), "winner_b": _config(rb),
                        "winner_changed": _config(ra) != _config(rb), "best_us_a": best_a,
                        "best_us_b": best_b, "ratio": ratio, "margin": margin, "verdict": verdict,
-                       "a_winner_regret_in_b": None if a_in_b is None else a_in_b / in_b["best"] - 1})
+                       "a_winner_regret_in_b": a_in_b / b_in_b - 1 if timed else None,
+                       "a_winner_failed_in_b": a_in_b == math.inf})
     only = {side: [_shape(rows[k]) for k in sorted(set(rows) - set(other))]
             for side, rows, other in (("only_in_a", rows_a, rows_b), ("only_in_b", rows_b, rows_a))}
     ratios = [s["ratio"] for s in shapes]
@@ -129,7 +137,8 @@ def diff_tables(a, b, min_margin: float = DEFAULT_MIN_MARGIN, trials_b=None) -> 
                    a_winners_timed_in_b=len(regrets),
                    a_winner_regret_in_b_geomean=(None if not regrets else
                                                  _geomean([1 + r for r in regrets]) - 1),
-                   a_winner_regret_in_b_max=max(regrets, default=None))
+                   a_winner_regret_in_b_max=max(regrets, default=None),
+                   a_winners_failed_in_b=sum(s["a_winner_failed_in_b"] for s in shapes))
     return {"shapes": shapes, **only, "summary": summary}
 
 
@@ -150,7 +159,8 @@ def to_text(report: dict, name_a: str, name_b: str) -> str:
                  f"Hkv{s['kv_heads']} Sq{s['q_len']} Sk{s['kv_len']}")
         changed = "" if not s["winner_changed"] else " *"
         regret = s["a_winner_regret_in_b"]
-        a_in_b = "-" if regret is None else f"+{regret * 100:.1f}%"
+        a_in_b = ("failed" if s["a_winner_failed_in_b"] else "-" if regret is None
+                  else f"{regret * 100:+.1f}%")
         lines.append(f"{shape:<44} {_cfg_text(s['winner_a']):<26} "
                      f"{_cfg_text(s['winner_b']) + changed:<26} {s['ratio']:>7.3f} "
                      f"{s['margin'] * 100:>5.1f}% {a_in_b:>7}  {s['verdict']}")
@@ -163,10 +173,12 @@ def to_text(report: dict, name_a: str, name_b: str) -> str:
                   f"{m['improvement']} improvements, {m['same']} within noise; "
                   f"{m['winners_changed']} winners changed (*); geometric-mean B/A {gm}"]
     if m["a_winners_timed_in_b"]:
-        lines.append(f"A's winners timed in B ('A in B': their time over B's fastest trial, less 1), "
-                     f"{m['a_winners_timed_in_b']} shapes: geometric mean "
-                     f"{m['a_winner_regret_in_b_geomean'] * 100:.2f}%, max "
-                     f"{m['a_winner_regret_in_b_max'] * 100:.2f}%")
+        lines.append(f"A's winners timed in B ('A in B': their time in B's trials over B's own winner's, "
+                     f"less 1), {m['a_winners_timed_in_b']} shapes: geometric mean "
+                     f"{m['a_winner_regret_in_b_geomean'] * 100:+.2f}%, max "
+                     f"{m['a_winner_regret_in_b_max'] * 100:+.2f}%")
+    if m["a_winners_failed_in_b"]:
+        lines.append(f"A's winner failed or was wrong in B on {m['a_winners_failed_in_b']} shapes ('failed')")
     return "\n".join(lines) + "\n"
 
 
@@ -180,7 +192,8 @@ def to_text(report: dict, name_a: str, name_b: str) -> str:
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 def diff_command(run_a, run_b, gpu, min_margin, as_json):
     """Compare two heuristics or trials files per shape: winners changed, B/A time ratios
-    against the runs' noise. Exit 1 when a shape got slower beyond the noise (for CI)."""
+    against the runs' noise and, when B is a trials file, A's winners timed in B. Exit 1 when a
+    shape got slower beyond the noise or A's winner failed in B (for CI)."""
     try:
         (table_a, _), (table_b, trials_b) = read_run(run_a, gpu), read_run(run_b, gpu)
         report = diff_tables(table_a, table_b, min_margin, trials_b)
@@ -195,7 +208,7 @@ def diff_command(run_a, run_b, gpu, min_margin, as_json):
                               default=_json_value))
     else:
         click.echo(to_text(report, run_a, run_b), nl=False)
-    sys.exit(1 if report["summary"]["regression"] else 0)
+    sys.exit(1 if report["summary"]["regression"] or report["summary"]["a_winners_failed_in_b"] else 0)
 
 
 def _json_value(value):

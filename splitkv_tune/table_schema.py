@@ -336,8 +336,15 @@ def with_gpu(trials, gpu: str | None, source):
     """Validated trials for ``gpu``: of a file whose rows name several GPUs, that GPU's rows only
     (they must not be tabled as one GPU's); otherwise all of them, as the caller's ``gpu`` names
     them (a file of one GPU's trials, or without a ``gpu`` column)."""
-    several = gpu is not None and "gpu" in trials.columns and trials["gpu"].nunique() > 1
-    return keep_gpu(trials, gpu, source) if several else trials
+    if gpu is None or "gpu" not in trials.columns:
+        return trials
+    labels = trials["gpu"].fillna("")
+    if labels[labels != ""].nunique() <= 1:
+        return trials
+    if (labels == "").any():
+        raise TableError(source, "trials of several GPUs mixed with trials that name no GPU: "
+                                 "pass the files of one GPU")
+    return keep_gpu(trials, gpu, source)
 
 
 def read_trials(path, gpu: str | None = None):

@@ -87,46 +87,77 @@ def test_bad_input_exits_2(tmp_path, args, needle):
     assert "Traceback" not in result.output
 
 
-def _winners_timed(trials: pd.DataFrame, table: pd.DataFrame) -> list[float]:
-    """Each table winner's time in ``trials`` over the shape's fastest trial, less 1, by pandas."""
+def _config_time(trials: pd.DataFrame, row) -> float:
+    """The fastest successful trial of ``row``'s shape and config, by pandas (NaN: none)."""
     ok = trials[trials["status"] == "ok"]
-    out = []
-    for _, w in table.iterrows():
-        shape = ok[(ok[SHAPE_COLUMNS] == w[SHAPE_COLUMNS]).all(axis=1)]
-        cfg = shape[(shape[CONFIG_COLUMNS] == w[CONFIG_COLUMNS]).all(axis=1)]
-        if len(cfg):
-            out.append(cfg["median_us"].min() / shape["median_us"].min() - 1)
-    return out
+    same = ((ok[SHAPE_COLUMNS] == row[SHAPE_COLUMNS]).all(axis=1)
+            & (ok[CONFIG_COLUMNS] == row[CONFIG_COLUMNS]).all(axis=1))
+    return ok.loc[same, "median_us"].min()
 
 
-def test_a_winners_timed_in_b_trials(tmp_path):
+def _slowed_trials(tmp_path, status=None, scale=1.5):
+    """The fixture trials with A's first winner's trials ``scale`` times slower (or, with
+    ``status``, of that status); (its table, the file, that winner)."""
     trials = read_trials(TRIALS)
     table_a, _ = read_run(TRIALS, "h200")
-    # B: A's first winner 1.5x slower, so another config of that shape may become B's fastest
     w = table_a.iloc[0]
-    slower = trials.copy()
-    rows = ((slower[SHAPE_COLUMNS] == w[SHAPE_COLUMNS]).all(axis=1)
-            & (slower[CONFIG_COLUMNS] == w[CONFIG_COLUMNS]).all(axis=1))
+    rows = ((trials[SHAPE_COLUMNS] == w[SHAPE_COLUMNS]).all(axis=1)
+            & (trials[CONFIG_COLUMNS] == w[CONFIG_COLUMNS]).all(axis=1))
     assert rows.any()
-    slower.loc[rows, ["median_us", "p20_us", "p80_us"]] *= 1.5
-    path_b = tmp_path / "b.csv"
-    slower.to_csv(path_b, index=False)
+    if status is None:
+        trials.loc[rows, ["median_us", "p20_us", "p80_us"]] *= scale
+    else:
+        trials.loc[rows, "status"] = status
+    path = tmp_path / "b.csv"
+    trials.to_csv(path, index=False)
+    return table_a, path, trials
+
+
+@pytest.mark.parametrize("a", [TRIALS, HEURISTICS], ids=["trials", "heuristics"])
+def test_a_winners_timed_in_b_trials(tmp_path, a):
+    _, path_b, trials_b = _slowed_trials(tmp_path)
+    table_a, _ = read_run(a, "h200")
+    table_b, _ = read_run(path_b, "h200")
+    result = _run(a, path_b, "--gpu", "h200", "--json")
+    report = json.loads(result.output)
+    winners_b = {tuple(r[SHAPE_COLUMNS]): r for _, r in table_b.iterrows()}
+    expected = []
+    for _, w in table_a.iterrows():
+        t = _config_time(trials_b, w)
+        if t == t:
+            expected.append(t / _config_time(trials_b, winners_b[tuple(w[SHAPE_COLUMNS])]) - 1)
+    got = [s["a_winner_regret_in_b"] for s in report["shapes"] if s["a_winner_regret_in_b"] is not None]
+    assert len(got) == len(expected) == report["summary"]["a_winners_timed_in_b"] > 0
+    assert got == pytest.approx(expected)
+    assert report["summary"]["a_winner_regret_in_b_max"] == pytest.approx(max(expected))
+    if a == TRIALS:  # the slowed winner lost its place, and costs its time over the new winner's
+        assert got[0] > 0.0
+    assert result.exit_code == (1 if report["summary"]["regression"] else 0)
+    text = _run(a, path_b, "--gpu", "h200").output
+    assert f"{len(expected)} shapes: geometric mean" in text and f"{got[0] * 100:+.1f}%" in text
+
+
+def test_a_winners_in_b_are_zero_where_nothing_changed():
+    report = json.loads(_run(TRIALS, TRIALS, "--gpu", "h200", "--json").output)
+    assert report["summary"]["a_winners_timed_in_b"] == report["summary"]["compared"]
+    assert all(s["a_winner_regret_in_b"] == 0.0 for s in report["shapes"])
+
+
+@pytest.mark.parametrize("status", ["failed", "wrong"])
+def test_a_winner_failed_in_b_is_reported_and_exits_1(tmp_path, status):
+    _, path_b, _ = _slowed_trials(tmp_path, status=status)
     result = _run(TRIALS, path_b, "--gpu", "h200", "--json")
     report = json.loads(result.output)
-    got = [s["a_winner_regret_in_b"] for s in report["shapes"]]
-    expected = _winners_timed(slower, table_a)
-    assert len(got) == len(expected) == report["summary"]["a_winners_timed_in_b"]
-    assert got == pytest.approx(expected)
-    assert got[0] > 0.0 and all(r >= 0.0 for r in got)
-    assert report["summary"]["a_winner_regret_in_b_max"] == pytest.approx(max(expected))
+    failed = [s for s in report["shapes"] if s["a_winner_failed_in_b"]]
+    assert len(failed) == 1 == report["summary"]["a_winners_failed_in_b"]
+    assert failed[0]["a_winner_regret_in_b"] is None and result.exit_code == 1
     text = _run(TRIALS, path_b, "--gpu", "h200").output
-    assert f"{len(expected)} shapes: geometric mean" in text and f"+{got[0] * 100:.1f}%" in text
+    assert "failed or was wrong in B on 1 shapes" in text and " failed  " in text
 
 
 def test_a_winners_are_not_timed_in_a_heuristics_table():
     result = _run(TRIALS, HEURISTICS, "--gpu", "h200", "--json")
     report = json.loads(result.output)
     assert all(s["a_winner_regret_in_b"] is None for s in report["shapes"])
-    assert report["summary"]["a_winners_timed_in_b"] == 0
+    assert report["summary"]["a_winners_timed_in_b"] == 0 == report["summary"]["a_winners_failed_in_b"]
     assert "timed in B" not in _run(TRIALS, HEURISTICS, "--gpu", "h200").output
-

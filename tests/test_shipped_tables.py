@@ -11,7 +11,7 @@ from splitkv_tune.cli_sweep import table as table_cmd
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 # kind: (its manifest, the table it names the parts of)
 KINDS = {"table": ("table_parts.txt", "heuristics.csv"),
-         "batch table": ("batch_table_parts.txt", "batch_table.csv")}
+         "batch_table": ("batch_table_parts.txt", "batch_table.csv")}
 MANIFESTS = [(kind, m) for kind, (name, _) in KINDS.items() for m in sorted(RESULTS.glob(f"*/{name}"))]
 
 
@@ -22,7 +22,7 @@ def table_parts(manifest: Path) -> list[Path]:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_gpu_with_a_shipped_table_names_its_parts(kind):
-    manifest, table = KINDS[kind]
+    _, table = KINDS[kind]
     shipped = sorted(p.parent for p in RESULTS.glob(f"*/{table}"))
     assert shipped and shipped == sorted(m.parent for k, m in MANIFESTS if k == kind)
 

@@ -36,6 +36,14 @@ def test_read_trials_keeps_the_named_gpus_rows(mixed, gpu):
         read_trials(path, "l40s")
 
 
+def test_several_gpus_mixed_with_unlabelled_trials_is_a_clear_error(mixed, tmp_path):
+    path, trials = mixed
+    result = CliRunner().invoke(main, ["evaluate", "--gpu", "h100", "--from-trials", str(path),
+                                       "--from-trials", str(TRIALS)])
+    assert result.exit_code == 2 and "mixed with trials that name no GPU" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_a_file_of_one_gpu_is_read_as_the_named_gpus():
     # one GPU's trials (or none named) are the caller's, as a relabelled run's are
     assert len(read_trials(TRIALS, "h100")) == len(read_trials(TRIALS))
@@ -46,8 +54,10 @@ def test_diff_plot_and_evaluate_read_one_gpus_trials(mixed, gpu):
     path, trials = mixed
     ok = trials[trials["status"] == "ok"]
     table, timed = read_run(path, gpu)
-    assert len(timed) == len(ok)
-    report = json.loads(CliRunner().invoke(main, ["diff", str(TRIALS), str(path), "--gpu", gpu, "--json"]).output)
+    assert len(timed) == len(trials) and set(timed["gpu"]) == {f"nvidia_{gpu}"}
+    result = CliRunner().invoke(main, ["diff", str(TRIALS), str(path), "--gpu", gpu, "--json"])
+    assert result.exit_code == 0, result.output  # as fast or faster: no regression
+    report = json.loads(result.output)
     assert report["summary"]["geomean_ratio"] == pytest.approx(SCALE[gpu])
     winners, _ = read_any(path, gpu)
     base, _ = read_any(TRIALS, "h200")
