@@ -43,7 +43,7 @@ import pandas as pd  # noqa: E402
 from splitkv_tune import space, tunables  # noqa: E402
 from splitkv_tune.gpus import profile_for  # noqa: E402
 from splitkv_tune.selector import GENERIC_PROFILE  # noqa: E402
-from splitkv_tune.table_schema import (SHAPE_COLUMNS, TableError, _read_csv, with_gpu,  # noqa: E402
+from splitkv_tune.table_schema import (SHAPE_COLUMNS, TableError, _read_csv, keep_gpu, with_gpu,  # noqa: E402
                                        validate_heuristics, validate_trials)
 
 PANEL_KEYS = ["dtype", "head_dim", "causal", "q_len", "group"]
@@ -201,10 +201,16 @@ def _trials_gpu(path, trials: pd.DataFrame) -> str:
 
 def read_any(path, gpu: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """(heuristics, per-shape speedups or None) from a heuristics.csv or a trials.csv; a trials
-    file's winners are taken for ``gpu`` (``None``: the one GPU its rows name)."""
+    file's winners are taken for ``gpu`` (``None``: the one GPU its rows name). Of a file whose
+    rows name several GPUs, ``gpu``'s rows only (one GPU a figure); without ``gpu``, an error."""
     raw = _read_csv(path)
     if "schema_version" in raw.columns:
-        return validate_heuristics(raw, path), None
+        table = validate_heuristics(raw, path)
+        if table["gpu"].nunique() > 1:
+            if gpu is None:
+                raise TableError(path, "rows for several GPUs: name one with --gpu")
+            table = keep_gpu(table, gpu, path)
+        return table, None
     if "status" in raw.columns:
         trials = with_gpu(validate_trials(raw, path), gpu, path)
         if not (trials["status"] == "ok").any():

@@ -1,5 +1,6 @@
 """A trials file whose rows name several GPUs is read, by every command that takes one with
-``--gpu``, as that GPU's trials only: diff, plot and evaluate --from-trials."""
+``--gpu``, as that GPU's trials only: diff, plot and evaluate --from-trials; and plot draws one
+GPU's rows of a heuristics table of several."""
 import json
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from click.testing import CliRunner
 from splitkv_tune.cli import main
 from splitkv_tune.diff import read_run
 from splitkv_tune.plot import read_any
-from splitkv_tune.table_schema import TableError, read_trials
+from splitkv_tune.table_schema import TableError, read_heuristics, read_trials
 
 TRIALS = Path(__file__).resolve().parent / "fixtures" / "trials.csv"
 SCALE = {"h200": 1.0, "h100": 0.5}  # the H100's copy of the fixture runs twice as fast
@@ -68,3 +69,16 @@ def test_diff_plot_and_evaluate_read_one_gpus_trials(mixed, gpu):
     best = pd.read_csv(path.parent / "e.csv")["best_us"]
     by_shape = ok.groupby(["dtype", "head_dim", "causal", "batch", "q_heads", "kv_heads", "q_len", "kv_len"])["median_us"].min()
     assert sorted(best) == pytest.approx(sorted(by_shape * SCALE[gpu]))
+
+
+def test_plot_draws_one_gpus_rows_of_a_heuristics_table_of_several(tmp_path):
+    table = read_heuristics(TRIALS.parent / "heuristics.csv")
+    path = tmp_path / "two.csv"
+    pd.concat([table, table.assign(gpu="nvidia_h100", median_us=table["median_us"] * 0.5)]).to_csv(path, index=False)
+    for gpu, scale in SCALE.items():
+        rows, _ = read_any(path, gpu)
+        assert len(rows) == len(table) and set(rows["gpu"]) == {f"nvidia_{gpu}"}
+        assert rows["median_us"].to_numpy() == pytest.approx(table["median_us"].to_numpy() * scale)
+    with pytest.raises(TableError, match="several GPUs"):
+        read_any(path)
+    assert len(read_any(TRIALS.parent / "heuristics.csv")[0]) == len(table)  # one GPU: as it is
