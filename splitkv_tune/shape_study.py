@@ -30,6 +30,11 @@ MAX_DUPLICATE_STREAK = 25
 # unmeasured candidate in grid order instead: on a shape of few candidates TPE keeps proposing
 # the ones it has seen, and the shape would end short of its trial target.
 FILL_AFTER_DUPLICATES = 5
+# Claims in a row that raced another sweep's claim of the same config, after which a study stops.
+# They are not duplicates: a race says nothing of whether the space is spent, so it does not count
+# towards MAX_DUPLICATE_STREAK. Each is followed by a back-off, so races end by themselves; this
+# bound only keeps a storage whose every claim races from holding a worker for ever.
+MAX_RACED_STREAK = 200
 # The most a worker waits, at random, after stepping back from a claim that raced another's
 # (both may step back; waiting apart, they do not race again).
 BACK_OFF_S = 0.2
@@ -172,7 +177,7 @@ class ShapeRunner:
 
     def run(self, shape_bench_factory, deadline: float | None, on_trial=None) -> int:
         """Measure until the target, the candidates or the deadline run out; return trials timed."""
-        timed, streak = 0, 0
+        timed, streak, raced = 0, 0, 0
         while True:
             termination.check()
             done = self.done()
@@ -181,7 +186,7 @@ class ShapeRunner:
                 return timed
             if deadline is not None and time.monotonic() >= deadline:
                 return timed
-            if streak >= MAX_DUPLICATE_STREAK:
+            if streak >= MAX_DUPLICATE_STREAK or raced >= MAX_RACED_STREAK:
                 return timed
             self.recovered += records.recover_interrupted(self.study)  # a worker may have died
             running = records.running_configs(self.study)
@@ -206,10 +211,10 @@ class ShapeRunner:
             rival = records.claim(trial, actual, self.provenance.get("worker"))
             if rival is not None:  # another sweep on the storage claimed it too
                 self._repeat(trial, rival, None)
-                streak += 1
+                raced += 1
                 _back_off()
                 continue
-            streak = 0
+            streak = raced = 0
             if self._beyond_target(actual):
                 self._tell(trial, state=optuna.trial.TrialState.FAIL)  # no record: not a trial row
                 _back_off()

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from splitkv_tune import records, space, storage as storage_mod, table
+from splitkv_tune import records, shape_study, space, storage as storage_mod, table
 from splitkv_tune.cli_sweep import sweep as sweep_cmd
 from splitkv_tune.cli_worker import worker as worker_cmd
 from splitkv_tune.table_schema import CONFIG_COLUMNS, SHAPE_COLUMNS, read_trials
@@ -296,3 +296,22 @@ def test_worker_with_a_bad_storage(grid, tmp_path, storage, expected):
                                              "--grid", str(grid)])
     assert result.exit_code == 2 and expected in result.output, result.output
     assert not (tmp_path / "missing.journal").exists()
+
+
+def test_claims_that_race_do_not_end_a_shape_as_duplicates_would(grid, tmp_path, monkeypatch):
+    """A run of claims that race another sweep's (more than MAX_DUPLICATE_STREAK of them) leaves
+    each shape at its trial target: a race is no sign that the space is spent (they counted as
+    duplicates before, and the first shape ended with no trial)."""
+    real_claim, races = records.claim, iter(range(shape_study.MAX_DUPLICATE_STREAK + 5))
+
+    def racing_claim(trial, config, worker=None):
+        return 0 if next(races, None) is not None else real_claim(trial, config, worker)
+
+    monkeypatch.setattr(records, "claim", racing_claim)
+    monkeypatch.setattr(shape_study, "_back_off", lambda: None)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(sweep_cmd, sweep_args(grid, out, "--trials", "3"))
+    assert result.exit_code == 0, result.output
+    assert next(races, None) is None  # every race was run into
+    trials = read_trials(out / "trials.csv")
+    assert trials.groupby(SHAPE_COLUMNS).size().tolist() == [3, 3]
