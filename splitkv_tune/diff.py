@@ -131,19 +131,16 @@ def diff_tables(a, b, min_margin: float = DEFAULT_MIN_MARGIN, trials_b=None) -> 
             for side, rows, other in (("only_in_a", rows_a, rows_b), ("only_in_b", rows_b, rows_a))}
     ratios = [s["ratio"] for s in shapes]
     summary = {v: sum(s["verdict"] == v for s in shapes) for v in VERDICTS}
-    regrets = [s["a_winner_regret_in_b"] for s in shapes if s["a_winner_regret_in_b"] is not None]
+    from splitkv_tune.evaluation import summarize
+    kept = summarize(s["a_winner_regret_in_b"] for s in shapes if s["a_winner_regret_in_b"] is not None)
     summary.update(compared=len(shapes), winners_changed=sum(s["winner_changed"] for s in shapes),
-                   geomean_ratio=_geomean(ratios),
-                   a_winners_timed_in_b=len(regrets),
-                   a_winner_regret_in_b_geomean=(None if not regrets else
-                                                 _geomean([1 + r for r in regrets]) - 1),
-                   a_winner_regret_in_b_max=max(regrets, default=None),
+                   geomean_ratio=(math.exp(sum(map(math.log, ratios)) / len(ratios))
+                                  if ratios else None),
+                   a_winners_timed_in_b=kept["n"],
+                   a_winner_regret_in_b_geomean=kept["geomean"] if kept["n"] else None,
+                   a_winner_regret_in_b_max=kept["max"] if kept["n"] else None,
                    a_winners_failed_in_b=sum(s["a_winner_failed_in_b"] for s in shapes))
     return {"shapes": shapes, **only, "summary": summary}
-
-
-def _geomean(values) -> float | None:
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
 def _cfg_text(c: dict) -> str:

@@ -43,7 +43,7 @@ import pandas as pd  # noqa: E402
 from splitkv_tune import space, tunables  # noqa: E402
 from splitkv_tune.gpus import profile_for  # noqa: E402
 from splitkv_tune.selector import GENERIC_PROFILE  # noqa: E402
-from splitkv_tune.table_schema import (SHAPE_COLUMNS, TableError, _read_csv, keep_gpu, with_gpu,  # noqa: E402
+from splitkv_tune.table_schema import (SHAPE_COLUMNS, TableError, _read_csv, with_gpu,  # noqa: E402
                                        validate_heuristics, validate_trials)
 
 PANEL_KEYS = ["dtype", "head_dim", "causal", "q_len", "group"]
@@ -205,11 +205,9 @@ def read_any(path, gpu: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame |
     rows name several GPUs, ``gpu``'s rows only (one GPU a figure); without ``gpu``, an error."""
     raw = _read_csv(path)
     if "schema_version" in raw.columns:
-        table = validate_heuristics(raw, path)
-        if table["gpu"].nunique() > 1:
-            if gpu is None:
-                raise TableError(path, "rows for several GPUs: name one with --gpu")
-            table = keep_gpu(table, gpu, path)
+        table = with_gpu(validate_heuristics(raw, path), gpu, path)
+        if table["gpu"].nunique() > 1:  # no gpu named
+            raise TableError(path, "rows for several GPUs: name one with --gpu")
         return table, None
     if "status" in raw.columns:
         trials = with_gpu(validate_trials(raw, path), gpu, path)

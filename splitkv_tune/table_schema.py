@@ -332,24 +332,24 @@ def validate_trials(df, source="<trials>"):
     return out
 
 
-def with_gpu(trials, gpu: str | None, source):
-    """Validated trials for ``gpu``: of a file whose rows name several GPUs, that GPU's rows only
-    (they must not be tabled as one GPU's); otherwise all of them, as the caller's ``gpu`` names
-    them (a file of one GPU's trials, or without a ``gpu`` column)."""
-    if gpu is None or "gpu" not in trials.columns:
-        return trials
-    labels = trials["gpu"].fillna("")
+def with_gpu(df, gpu: str | None, source):
+    """Validated trials (or heuristics) for ``gpu``: of rows that name several GPUs, that GPU's
+    only (they must not be tabled as one GPU's); otherwise all of them, as the caller's ``gpu``
+    names them (one GPU's rows, or rows without a ``gpu`` column)."""
+    if gpu is None or "gpu" not in df.columns:
+        return df
+    labels = df["gpu"].fillna("")
     if labels[labels != ""].nunique() <= 1:
-        return trials
+        return df
     if (labels == "").any():
         raise TableError(source, "trials of several GPUs mixed with trials that name no GPU: "
                                  "pass the files of one GPU")
-    return keep_gpu(trials, gpu, source)
+    return keep_gpu(df, gpu, source)
 
 
-def read_trials(path, gpu: str | None = None):
-    """Read and validate ``trials.csv``; with ``gpu``, the trials :func:`with_gpu` keeps."""
-    return with_gpu(validate_trials(_read_csv(path), path), gpu, path)
+def read_trials(path):
+    """Read and validate ``trials.csv``."""
+    return validate_trials(_read_csv(path), path)
 
 
 def read_heuristics_records(path) -> list[dict]:

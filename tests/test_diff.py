@@ -97,7 +97,7 @@ def _config_time(trials: pd.DataFrame, row) -> float:
 
 def _slowed_trials(tmp_path, status=None, scale=1.5):
     """The fixture trials with A's first winner's trials ``scale`` times slower (or, with
-    ``status``, of that status); (its table, the file, that winner)."""
+    ``status``, of that status): the file and its trials."""
     trials = read_trials(TRIALS)
     table_a, _ = read_run(TRIALS, "h200")
     w = table_a.iloc[0]
@@ -110,12 +110,12 @@ def _slowed_trials(tmp_path, status=None, scale=1.5):
         trials.loc[rows, "status"] = status
     path = tmp_path / "b.csv"
     trials.to_csv(path, index=False)
-    return table_a, path, trials
+    return path, trials
 
 
 @pytest.mark.parametrize("a", [TRIALS, HEURISTICS], ids=["trials", "heuristics"])
 def test_a_winners_timed_in_b_trials(tmp_path, a):
-    _, path_b, trials_b = _slowed_trials(tmp_path)
+    path_b, trials_b = _slowed_trials(tmp_path)
     table_a, _ = read_run(a, "h200")
     table_b, _ = read_run(path_b, "h200")
     result = _run(a, path_b, "--gpu", "h200", "--json")
@@ -145,7 +145,7 @@ def test_a_winners_in_b_are_zero_where_nothing_changed():
 
 @pytest.mark.parametrize("status", ["failed", "wrong"])
 def test_a_winner_failed_in_b_is_reported_and_exits_1(tmp_path, status):
-    _, path_b, _ = _slowed_trials(tmp_path, status=status)
+    path_b, _ = _slowed_trials(tmp_path, status=status)
     result = _run(TRIALS, path_b, "--gpu", "h200", "--json")
     report = json.loads(result.output)
     failed = [s for s in report["shapes"] if s["a_winner_failed_in_b"]]

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from splitkv_tune.cli import main
 from splitkv_tune.diff import read_run
 from splitkv_tune.plot import read_any
-from splitkv_tune.table_schema import TableError, read_heuristics, read_trials
+from splitkv_tune.table_schema import TableError, read_heuristics, read_trials, with_gpu
 
 TRIALS = Path(__file__).resolve().parent / "fixtures" / "trials.csv"
 SCALE = {"h200": 1.0, "h100": 0.5}  # the H100's copy of the fixture runs twice as fast
@@ -28,13 +28,13 @@ def mixed(tmp_path):
 
 
 @pytest.mark.parametrize("gpu", SCALE)
-def test_read_trials_keeps_the_named_gpus_rows(mixed, gpu):
+def test_with_gpu_keeps_the_named_gpus_rows(mixed, gpu):
     path, trials = mixed
     assert len(read_trials(path)) == 2 * len(trials)
-    mine = read_trials(path, gpu)
+    mine = with_gpu(read_trials(path), gpu, path)
     assert len(mine) == len(trials) and set(mine["gpu"]) == {f"nvidia_{gpu}"}
     with pytest.raises(TableError, match="unknown GPU"):
-        read_trials(path, "l40s")
+        with_gpu(read_trials(path), "l40s", path)
 
 
 def test_several_gpus_mixed_with_unlabelled_trials_is_a_clear_error(mixed, tmp_path):
@@ -47,14 +47,14 @@ def test_several_gpus_mixed_with_unlabelled_trials_is_a_clear_error(mixed, tmp_p
 
 def test_a_file_of_one_gpu_is_read_as_the_named_gpus():
     # one GPU's trials (or none named) are the caller's, as a relabelled run's are
-    assert len(read_trials(TRIALS, "h100")) == len(read_trials(TRIALS))
+    assert len(with_gpu(read_trials(TRIALS), "h100", TRIALS)) == len(read_trials(TRIALS))
 
 
 @pytest.mark.parametrize("gpu", SCALE)
 def test_diff_plot_and_evaluate_read_one_gpus_trials(mixed, gpu):
     path, trials = mixed
     ok = trials[trials["status"] == "ok"]
-    table, timed = read_run(path, gpu)
+    _, timed = read_run(path, gpu)
     assert len(timed) == len(trials) and set(timed["gpu"]) == {f"nvidia_{gpu}"}
     result = CliRunner().invoke(main, ["diff", str(TRIALS), str(path), "--gpu", gpu, "--json"])
     assert result.exit_code == 0, result.output  # as fast or faster: no regression
