@@ -7,6 +7,7 @@ CUDA is touched, so bad input costs nothing and needs no GPU.
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -290,7 +291,8 @@ def _gpu(ctx, param, value):
 @click.argument("csvs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--gpu", required=True, callback=_gpu, help="The GPU that measured the CSVs (h200, 'NVIDIA H200', ...).")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="The batch table to write: CSV, or JSON (schemas/batch_table.schema.json) when it ends in .json.")
+              help="The batch table to write: CSV, or JSON (schemas/batch_table.schema.json) when it ends in .json; "
+                   "- for the CSV on stdout.")
 @exit_2_on_bad_input
 def batch_table(csvs, gpu, output):
     """The batch-class table (schema v3): per batch class of the compare-batch CSVs, the knobs of
@@ -298,11 +300,15 @@ def batch_table(csvs, gpu, output):
     fixed split plan, then the smaller max_splits; a class in several CSVs takes the last one's rows."""
     from splitkv_tune import batch_table as bt
     from splitkv_tune.batch_table_json import write_batch_table_json
-    check_output(output, "-o")
+    check_output(output, "-o", allow_stdout=True)
     rows = [row for path in csvs for row in bt.read_compare_batch_csv(path)]
     table = bt.build_batch_table(rows, gpu)
-    (write_batch_table_json if output.endswith(".json") else bt.write_batch_table)(output, table)
-    click.echo(f"wrote {output}: {len(table)} batch classes from {len(rows)} rows of {len(csvs)} CSV files")
+    if output == STDOUT:
+        click.echo(bt.format_batch_table(table), nl=False)
+    else:
+        (write_batch_table_json if output.endswith(".json") else bt.write_batch_table)(output, table)
+    click.echo(f"wrote {'stdout' if output == STDOUT else output}: {len(table)} batch classes from {len(rows)} rows of {len(csvs)} CSV files",
+               err=output == STDOUT)
 
 
 @click.command("cross-validate-batches")
@@ -434,6 +440,9 @@ def evaluate_batches(grid_path, table_path, gpu, csv_path, num_sms, report_only,
         ctas_per_sm = DeviceResidency()
     elif num_sms is None:
         num_sms = _profile_sms(gpu)
+    if report_only and not os.path.isfile(csv_path):
+        raise click.BadParameter(f"{csv_path} does not exist: --report-only reads the CSV that evaluate-batches "
+                                 "wrote for this grid", param_hint="--csv")
     batch_sweep.read_rows(csv_path)  # a CSV in other columns is refused before any timing
     try:
         timed_grid = batch_evaluation.with_rule_plans(grid, table, num_sms, ctas_per_sm)

@@ -201,7 +201,9 @@ def _run(sweep_mod, plan, progress) -> None:
 @click.argument("trials", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("-o", "--output", default=None,
               help="Where to write it; - for stdout. Default: heuristics.csv next to the (first) trials.")
-@click.option("--gpu", default=None, help="Override the gpu column.")
+@click.option("--gpu", default=None,
+              help="The GPU the table is for: of trials that name several GPUs, its rows; otherwise "
+                   "the gpu column is set to it.")
 @click.option("--min-margin", type=click.FloatRange(min=0, max=1), default=None,
               help="Smallest relative noise margin for ties (default 0.01).")
 @click.option("--from-storage", is_flag=True,
@@ -219,7 +221,9 @@ def table(trials, output, gpu, min_margin, from_storage, storage):
     import pandas as pd
 
     from splitkv_tune import table as table_mod
+    from splitkv_tune.gpus import resolve_gpu
     from splitkv_tune.table_schema import read_trials, validate_heuristics
+    from splitkv_tune.table_schema import with_gpu as with_gpu_rows
 
     trials_paths = [path / "trials.csv" if path.is_dir() else path for path in map(Path, trials)]
     trials_path = trials_paths[0]
@@ -249,9 +253,14 @@ def table(trials, output, gpu, min_margin, from_storage, storage):
         raise click.BadParameter(f"{with_gpu[0]} has a gpu column and {without} has none: name the GPU with --gpu",
                                  param_hint="TRIALS")
     measured = pd.concat(parts, ignore_index=True)
+    sources = ", ".join(map(str, trials_paths))
+    if gpu is not None:
+        gpu = resolve_gpu(gpu)
+        measured = with_gpu_rows(measured, gpu, sources)
+    if min_margin is not None and min_margin != min_margin:
+        raise click.BadParameter("must be a number from 0 to 1, got nan", param_hint="--min-margin")
     margin = table_mod.MIN_NOISE_MARGIN if min_margin is None else min_margin
     result = table_mod.build_heuristics(measured, gpu, margin)
-    sources = ", ".join(map(str, trials_paths))
     if not len(result):
         fail(f"{sources}: no trial with status ok, so no winner for any shape")
     text = result.to_csv(index=False)

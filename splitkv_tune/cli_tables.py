@@ -7,6 +7,8 @@ file and the problem.
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
 from pathlib import Path
 
 import click
@@ -14,8 +16,9 @@ import click
 from splitkv_tune import tunables
 from splitkv_tune.cli_batch import CTAS_PER_SM, check_page_size, parse_lengths_option
 from splitkv_tune.cli_errors import check_output, exit_2_on_bad_input, fail
+from splitkv_tune.cli_tune import _check_timing
 from splitkv_tune.gpus import profile_for, resolve_gpu
-from splitkv_tune.selector import (TABLES_ENV, HeuristicTable, load_table_for_gpu, select_shape,
+from splitkv_tune.selector import (TABLES_ENV, HeuristicTable, load_table_for_gpu, select_shape, table_locations,
                                    table_path_for_gpu)
 from splitkv_tune.table_schema import SHAPE_COLUMNS, TableError, read_heuristics, read_trials, with_gpu
 from splitkv_tune.tunables import Shape
@@ -67,6 +70,10 @@ def _present_gpu(gpu: str, backend: str, force: bool) -> str:
     return sweep_mod.present_device_name(backend)
 
 
+def _table_locations_text(gpu: str) -> str:
+    return " or ".join(str(path) for path in table_locations(gpu))
+
+
 def _load_table(table: str | None, gpu: str | None):
     """(HeuristicTable or None, description of where it came from)."""
     if table is not None:
@@ -77,8 +84,8 @@ def _load_table(table: str | None, gpu: str | None):
         _fail("name a GPU (--gpu) or a table (--table)")
     loaded = load_table_for_gpu(gpu)
     if loaded is None and profile_for(gpu) is None:
-        _fail(f"unknown GPU {gpu!r}: no table in ${TABLES_ENV} or results/{resolve_gpu(gpu)}/ "
-              "and no profile in configs/gpus.yaml")
+        _fail(f"unknown GPU {gpu!r}: no table at {_table_locations_text(gpu)} and no profile in "
+              "configs/gpus.yaml")
     return loaded, str(table_path_for_gpu(gpu)) if loaded is not None else "none"
 
 
@@ -115,7 +122,7 @@ def _paged_lengths(ctx, param, value):
 @click.option("--gpu", default="auto", show_default=True, help=GPU_HELP)
 @click.option("--table", type=click.Path(dir_okay=False), default=None,
               help=f"heuristics.csv or an exported .json [default: ${TABLES_ENV}/<gpu>/ then "
-                   "results/<gpu>/]")
+                   "the package's results/<gpu>/]")
 @click.option("--json", "as_json", is_flag=True, help="Print the choice as JSON.")
 @click.option("--paged", is_flag=True,
               help="The knobs of a paged / variable-length call of this batch instead (--kv-len: the "
@@ -273,7 +280,7 @@ def _write_reports(df, out_csv, out_md, header: str) -> None:
                    "the parts of one measurement set, as `table` takes them")
 @click.option("--shapes-file", "shapes_file", type=click.Path(dir_okay=False), default=None,
               help="shapes to measure: a CSV with the shape columns or a grid YAML")
-@click.option("--max-time-s", type=float, default=None,
+@click.option("--max-time-s", type=float, default=None, callback=_check_timing,
               help="timing budget per config [default: the grid's, else 0.2]")
 @click.option("--backend", type=click.Choice(["cuda", "reference"]), default="cuda",
               show_default=True, help="what is timed: the kernel, or the PyTorch reference on the CPU")
@@ -300,8 +307,14 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
     check_output(out_md, "--out-md")
     check_output(out_trials, "--out-trials")
     if trials:
-        if out_trials:
-            _fail("--out-trials writes the configs a measured evaluate times; --from-trials times none")
+        ctx = click.get_current_context()
+        measuring = {"out_trials", "shapes_file", "max_time_s", "backend", "force", *shape_kw}
+        given = ["/".join(param.opts + param.secondary_opts) for param in ctx.command.params
+                 if param.name in measuring
+                 and ctx.get_parameter_source(param.name) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            _fail(f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with a measured evaluate; "
+                  "--from-trials times nothing")
         import pandas as pd
         trial_rows = pd.concat([read_trials(path) for path in trials], ignore_index=True)
         trials = " + ".join(trials)
@@ -330,7 +343,8 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
     if problem:
         _fail(problem)
     measured_on = _present_gpu(gpu, backend, force)
-    gpu = _gpu_name(gpu)
+    # With "auto" and no CUDA device, the reference backend's own name (as sweep labels it).
+    gpu = _gpu_name(gpu) or measured_on
     loaded, where = _load_table(table, gpu)
     import pandas as pd
 
@@ -407,7 +421,7 @@ def _export_sources(gpus, tables) -> list[tuple[str, str | None]]:
     for gpu in gpus:
         path = table_path_for_gpu(gpu)
         if path is None:
-            _fail(f"unknown GPU {gpu!r}: no table in ${TABLES_ENV} or results/{resolve_gpu(gpu)}/")
+            _fail(f"unknown GPU {gpu!r}: no table at {_table_locations_text(gpu)}")
         sources.append((str(path), gpu))
     return sources
 
@@ -436,12 +450,20 @@ def plot(path, output, gpu, regret_csv, batch_regret_csv, batch_csvs):
         _fail("give a heuristics or trials CSV (PATH), --regret EVAL.csv, --batch-regret EVAL.csv "
               "or --batches BATCH.csv")
     check_output(Path(output).parent if Path(output).suffix else output, "-o", directory=True)
-    files = plot_all(path, output, _gpu_name(gpu)) if path is not None else []
-    if regret_csv is not None:
-        files += plot_regret(regret_csv, output)
-    if batch_regret_csv is not None:
-        files += plot_batch_regret(batch_regret_csv, output, _gpu_name(gpu))
-    if batch_csvs:
-        files += plot_batches(batch_csvs, output, _gpu_name(gpu))
-    for p in files:
-        click.echo(f"wrote {p}")
+    # Every figure is drawn into a scratch folder beside the output and moved in only when all
+    # inputs were read, so that a bad input leaves no figure of the good ones behind.
+    into_folder = Path(output).is_dir() or str(output).endswith(("/", "\\"))
+    folder = Path(output) if into_folder else Path(output).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".plot-") as scratch:
+        staged = scratch + os.sep if into_folder else str(Path(scratch) / Path(output).name)
+        drawn = plot_all(path, staged, _gpu_name(gpu)) if path is not None else []
+        if regret_csv is not None:
+            drawn += plot_regret(regret_csv, staged)
+        if batch_regret_csv is not None:
+            drawn += plot_batch_regret(batch_regret_csv, staged, _gpu_name(gpu))
+        if batch_csvs:
+            drawn += plot_batches(batch_csvs, staged, _gpu_name(gpu))
+        for p in drawn:
+            os.replace(p, folder / Path(p).name)
+            click.echo(f"wrote {folder / Path(p).name}")

@@ -102,12 +102,17 @@ def parse_duration(text: str | None) -> float | None:
     if text is None:
         return None
     if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
-    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", text)
-    if not parts or "".join(a + b for a, b in parts) != text.replace(" ", ""):
-        raise click.BadParameter(f"{text!r} is not a duration like 90s, 30m or 8h",
+        seconds = float(text)
+    else:
+        parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", text)
+        if not parts or "".join(a + b for a, b in parts) != text.replace(" ", ""):
+            raise click.BadParameter(f"{text!r} is not a duration like 90s, 30m or 8h",
+                                     param_hint="--time-budget")
+        seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[unit] for n, unit in parts)
+    if seconds <= 0:
+        raise click.BadParameter(f"{text!r} leaves no time to sweep: give a duration above 0",
                                  param_hint="--time-budget")
-    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[unit] for n, unit in parts)
+    return seconds
 
 
 def _backend_or_exit(backend: str) -> None:
@@ -309,6 +314,24 @@ def _print_breakdowns(runs, frame) -> None:
         click.echo(rows.to_string(index=False, float_format=lambda x: f"{x:.2f}", na_rep="-"))
 
 
+def _config_option(text: str) -> Config:
+    """--config SPLITS,BLOCK_KV,REDUCE_THREADS,POLICY as a validated Config."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 4:
+        raise click.BadParameter(f"{text!r}: expected four comma-separated fields "
+                                 "SPLITS,BLOCK_KV,REDUCE_THREADS,POLICY, e.g. 16,64,128,blocks",
+                                 param_hint="--config")
+    try:
+        splits, block_kv, threads = (int(p) for p in parts[:3])
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: SPLITS, BLOCK_KV and REDUCE_THREADS must be integers",
+                                 param_hint="--config") from None
+    try:
+        return Config(splits, block_kv, threads, parts[3]).validate()
+    except ValueError as err:
+        raise click.BadParameter(f"{text!r}: {err}", param_hint="--config") from None
+
+
 @click.command()
 @grid_options
 @click.option("--table", "table_path", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -350,13 +373,7 @@ def compare(grid, dtypes, head_dims, patterns, table_path, config_text, peers, w
     if missing and set(peer_list) & set(compare_mod.peers_flashinfer.NAMES):
         click.echo(f"skipping the FlashInfer peers: {missing}", err=True)
         peer_list = [p for p in peer_list if p not in compare_mod.peers_flashinfer.NAMES]
-    fixed = None
-    if config_text:
-        parts = config_text.split(",")
-        try:
-            fixed = Config(int(parts[0]), int(parts[1]), int(parts[2]), parts[3]).validate()
-        except (IndexError, ValueError) as err:
-            raise click.BadParameter(f"{config_text!r}: {err}", param_hint="--config")
+    fixed = None if config_text is None else _config_option(config_text)
     _backend_or_exit(backend)
     heuristics = read_heuristics(table_path) if table_path else None
     run_id = meta.make_run_id()

@@ -147,6 +147,9 @@ def load_json(paths) -> pd.DataFrame:
     for path in paths:
         try:
             doc = json.loads(Path(path).read_text())
+            if not isinstance(doc, dict) or not isinstance(doc.get("_metadata"), dict):
+                raise TableError(path, "not an exported splitkv-tune JSON table: the top level must be an "
+                                       "object with a _metadata object and one entry per shape")
             meta = doc.pop("_metadata")
             version = meta["schema_version"]
             if version not in LOOKUP_KEYS_OF_VERSION:

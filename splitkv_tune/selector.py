@@ -358,16 +358,17 @@ def select_config(table, *, dtype, head_dim, batch, q_heads, kv_heads, q_len, kv
     return select_shape(table, shape, gpu)
 
 
-def table_path_for_gpu(gpu_name: str) -> Path | None:
-    """Where the table of a GPU is read from: ``$SPLITKV_TUNE_TABLES/<gpu>/heuristics.csv``
-    first, then the shipped ``results/<gpu>/heuristics.csv`` (``<gpu>`` = ``resolve_gpu``)."""
+def table_locations(gpu_name: str) -> list[Path]:
+    """Where the table of a GPU is looked for, in order: ``$SPLITKV_TUNE_TABLES/<gpu>/heuristics.csv``,
+    then the shipped ``results/<gpu>/heuristics.csv`` of the package (``<gpu>`` = ``resolve_gpu``)."""
     key = resolve_gpu(gpu_name)
     env = os.environ.get(TABLES_ENV)
-    for root in ([Path(env)] if env else []) + [RESULTS_DIR]:
-        path = root / key / "heuristics.csv"
-        if path.is_file():
-            return path
-    return None
+    return [root.resolve() / key / "heuristics.csv" for root in ([Path(env)] if env else []) + [RESULTS_DIR]]
+
+
+def table_path_for_gpu(gpu_name: str) -> Path | None:
+    """The first of :func:`table_locations` that is a file, or ``None``."""
+    return next((path for path in table_locations(gpu_name) if path.is_file()), None)
 
 
 @functools.lru_cache(maxsize=64)

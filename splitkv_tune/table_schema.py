@@ -169,6 +169,10 @@ def _validate_records(present, rows, columns: list[str], source,
         if rec["q_heads"] % rec["kv_heads"]:
             raise TableError(source, f"row {i + 1} (line {i + 2}): q_heads ({rec['q_heads']}) "
                                      f"is not a multiple of kv_heads ({rec['kv_heads']})")
+        spread = [rec.get(c) for c in ("p20_us", "median_us", "p80_us")]
+        if None not in spread and not spread[0] <= spread[1] <= spread[2]:
+            raise TableError(source, f"row {i + 1} (line {i + 2}): p20_us <= median_us <= p80_us does not "
+                                     f"hold ({spread[0]:g}, {spread[1]:g}, {spread[2]:g})")
         records.append(rec)
     if not records:
         raise TableError(source, "empty table (no rows)")
@@ -328,7 +332,7 @@ def validate_trials(df, source="<trials>"):
     bad = (out["status"] == "ok") & out["median_us"].isna()
     if bad.any():
         i = int(bad.to_numpy().nonzero()[0][0])
-        raise TableError(source, f"row {i + 1} (line {i + 2}): status ok but median_us is empty")
+        raise TableError(source, f"row {i + 1} (line {i + 2}): status ok but median_us is empty or NaN")
     return out
 
 

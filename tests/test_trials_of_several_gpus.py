@@ -1,6 +1,6 @@
 """A trials file whose rows name several GPUs is read, by every command that takes one with
-``--gpu``, as that GPU's trials only: diff, plot and evaluate --from-trials; and plot draws one
-GPU's rows of a heuristics table of several."""
+``--gpu``, as that GPU's trials only: table, diff, plot and evaluate --from-trials; and plot draws
+one GPU's rows of a heuristics table of several."""
 import json
 from pathlib import Path
 
@@ -74,7 +74,8 @@ def test_diff_plot_and_evaluate_read_one_gpus_trials(mixed, gpu):
 def test_plot_draws_one_gpus_rows_of_a_heuristics_table_of_several(tmp_path):
     table = read_heuristics(TRIALS.parent / "heuristics.csv")
     path = tmp_path / "two.csv"
-    pd.concat([table, table.assign(gpu="nvidia_h100", median_us=table["median_us"] * 0.5)]).to_csv(path, index=False)
+    half = {c: table[c] * SCALE["h100"] for c in ("median_us", "p20_us", "p80_us")}
+    pd.concat([table, table.assign(gpu="nvidia_h100", **half)]).to_csv(path, index=False)
     for gpu, scale in SCALE.items():
         rows, _ = read_any(path, gpu)
         assert len(rows) == len(table) and set(rows["gpu"]) == {f"nvidia_{gpu}"}
@@ -82,3 +83,17 @@ def test_plot_draws_one_gpus_rows_of_a_heuristics_table_of_several(tmp_path):
     with pytest.raises(TableError, match="several GPUs"):
         read_any(path)
     assert len(read_any(TRIALS.parent / "heuristics.csv")[0]) == len(table)  # one GPU: as it is
+
+
+@pytest.mark.parametrize("gpu", SCALE)
+def test_table_of_one_gpu_from_trials_of_several(mixed, gpu, tmp_path):
+    path, trials = mixed
+    out = tmp_path / "h.csv"
+    result = CliRunner().invoke(main, ["table", str(path), "--gpu", gpu, "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    table, base = read_heuristics(out), read_heuristics(TRIALS.parent / "heuristics.csv")
+    assert len(table) == len(base) and set(table["gpu"]) == {f"nvidia_{gpu}"}
+    assert table["median_us"].to_numpy() == pytest.approx(base["median_us"].to_numpy() * SCALE[gpu])
+    both = CliRunner().invoke(main, ["table", str(path), "-o", str(out)])  # no --gpu: a table of both
+    assert both.exit_code == 0, both.output
+    assert len(read_heuristics(out)) == 2 * len(base)
