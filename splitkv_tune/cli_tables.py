@@ -56,12 +56,13 @@ def _gpu_name(gpu: str | None, frame=None) -> str | None:
 
 
 def _present_gpu(gpu: str, backend: str, force: bool) -> str:
-    """The GPU a measuring command's timings are labelled with: the CUDA device present (exits
+    """The device a measuring command's timings are labelled with: the CUDA device present (exits
     when ``--gpu`` names another one and ``--force`` was not given, since its timings would read
-    as that GPU's), or ``--gpu`` itself on the reference backend, which stands in for it."""
+    as that GPU's), or on the reference backend ``cpu_reference``, as a sweep labels them, whichever
+    GPU's table and profile ``--gpu`` names."""
     from splitkv_tune import sweep as sweep_mod
     if backend == "reference":
-        return resolve_gpu(_gpu_name(gpu) or sweep_mod.REFERENCE_BACKEND_DEVICE)
+        return sweep_mod.REFERENCE_BACKEND_DEVICE
     try:
         sweep_mod.resolve_table_gpu(gpu, backend, force)
     except sweep_mod.GpuMismatch as err:

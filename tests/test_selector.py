@@ -271,6 +271,7 @@ def test_evaluate_keeps_its_timings_for_a_replay_against_another_table(tmp_path)
     assert result.exit_code == 0, result.output
     trials = read_trials(timed)
     assert set(trials["num_splits"]) >= {1, 2, 4} and (trials["status"] == "ok").all()
+    assert set(trials["gpu"]) == {"cpu_reference"}  # CPU timings never read as the H200's
     assert trials["run_id"].nunique() == 1
     replayed = tmp_path / "replay.csv"
     result = CliRunner().invoke(evaluate, ["--gpu", "h200", "--from-trials", str(timed), "--table", table,
