@@ -19,6 +19,7 @@ PROFILES = {'nvidia_a100': {'aliases': ['a100',
                  'l2_bytes': 52428800,
                  'note': 'copy bandwidth 2.99-3.00 TB/s measured on an H100 80GB HBM3 '
                          '(results/nvidia_h100, 2026-12-06; datasheet 3.35 TB/s)',
+                 'sm_balance_pct': 75,
                  'smem_per_sm': 233472,
                  'sms': 132},
  'nvidia_h200': {'aliases': ['h200', 'NVIDIA H200'],

@@ -346,7 +346,9 @@ def select_config(table, *, dtype, head_dim, batch, q_heads, kv_heads, q_len, kv
     >>> shape = dict(dtype="bf16", head_dim=128, batch=1, q_heads=32, kv_heads=8, q_len=1, causal=False)
     >>> select_config(t, kv_len=4096, **shape).config.num_splits, select_config(t, kv_len=4096, **shape).kind
     (16, 'hit')
-    >>> select_config(t, kv_len=8192, gpu="h100", **shape).config.num_splits  # between the rows' waves
+    >>> import dataclasses
+    >>> plain = dataclasses.replace(profile_for("h200"), sm_balance_pct=0)  # no SM balance
+    >>> select_config(t, kv_len=8192, gpu=plain, **shape).config.num_splits  # between the rows' waves
     22
     >>> select_config(t, kv_len=8192, **shape).config.num_splits  # the H200's 176 CTAs evened out to 232
     29
