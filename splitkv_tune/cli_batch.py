@@ -43,15 +43,19 @@ def _residency_option(ctx, param, values):
         head_dim, _, count = value.rpartition(":")
         try:
             count = CTAS_PER_SM.convert(count, param, ctx)
-            if head_dim:
-                if int(head_dim) not in tunables.HEAD_DIMS:
-                    raise ValueError
-                by_head_dim[int(head_dim)] = count
-            else:
-                default = count
+            key = int(head_dim) if head_dim else None
+            if key is not None and key not in tunables.HEAD_DIMS:
+                raise ValueError
         except (ValueError, click.BadParameter):
             raise click.BadParameter(f"expected N or HEAD_DIM:N (HEAD_DIM one of {tunables.HEAD_DIMS}, N in "
                                      f"[1, {CTAS_PER_SM.max}]), got {value!r}") from None
+        if (default if key is None else by_head_dim.get(key)) is not None:
+            raise click.BadParameter(f"{'every head dim' if key is None else f'head dim {key}'} is given twice "
+                                     f"(at {value!r})")
+        if key is None:
+            default = count
+        else:
+            by_head_dim[key] = count
     return ResidencyByHeadDim(default, by_head_dim) if by_head_dim else default
 
 

@@ -119,6 +119,9 @@ def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, 
     if dry_run:
         table_gpu = gpus.resolve_gpu(gpu) if gpu != "auto" else \
             sweep_mod.present_device_name(backend).split(" ")[0]
+        if table_gpu == "none":
+            raise click.BadParameter("auto finds no GPU here: name the GPU the sweep is planned for, "
+                                     "e.g. --gpu h200", param_hint="--gpu")
     else:
         try:
             table_gpu = sweep_mod.resolve_table_gpu(gpu, backend, force)

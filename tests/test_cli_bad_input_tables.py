@@ -127,3 +127,20 @@ def test_plot_writes_no_figure_when_a_later_input_is_bad(tmp_path, assert_clear_
     assert result.exit_code == 0, result.output
     assert {p.name for p in out.iterdir()} >= {"best_splits.png", "best_splits_noise.svg"}
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_a_dry_run_for_auto_with_no_gpu_asks_for_one(grid, monkeypatch, assert_clear_error):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert_clear_error(invoke("sweep", "--gpu", "auto", "--grid", grid, "--dry-run"), "--gpu", "finds no GPU")
+
+
+@pytest.mark.parametrize("values,expected", [
+    (["128:2", "128:3"], "head dim 128 is given twice"), (["2", "3"], "every head dim is given twice"),
+])
+def test_residency_given_twice_for_one_head_dim(values, expected, assert_clear_error):
+    argv = ["cross-validate-batches", "--grid", ROOT / "configs" / "batches.yaml", "--csv",
+            ROOT / "results" / "nvidia_h200" / "batches" / "batches.csv", "--gpu", "h200"]
+    for value in values:
+        argv += ["--ctas-per-sm", value]
+    assert_clear_error(invoke(*argv), "--ctas-per-sm", expected)
