@@ -255,7 +255,7 @@ def _shapes_csv(path: str) -> list[Shape]:
                                 int(r["kv_heads"]), int(r["q_len"]), int(r["kv_len"]),
                                 r["causal"].lower() in ("1", "true")).validate())
         except ValueError as exc:
-            raise TableError(path, f"row {i + 1} (line {i + 2}): {exc}") from None
+            raise TableError(path, str(exc), row=i) from None
     if not shapes:
         raise TableError(path, "empty table (no rows)")
     return shapes

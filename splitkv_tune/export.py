@@ -143,7 +143,7 @@ def export_json(df: pd.DataFrame, out_dir, gpu: str | None = None, source="<tabl
 
 def load_json(paths) -> pd.DataFrame:
     """Read exported JSON files back into a validated heuristics table."""
-    rows = []
+    rows, entries = [], []  # entries: (file, key) of each row
     for path in paths:
         try:
             doc = json.loads(Path(path).read_text())
@@ -160,6 +160,7 @@ def load_json(paths) -> pd.DataFrame:
                 raise TableError(path, f"_metadata.lookup has no {', '.join(missing)}, which "
                                        f"version {version} requires")
             for key, entry in doc.items():
+                entries.append((path, key))
                 shape = dict(part.split("=", 1) for part in key.split(","))
                 rows.append({"schema_version": SCHEMA_VERSION, "gpu": meta["gpu"],
                              "dtype": meta["dtype"], "head_dim": meta["head_dim"], **shape,
@@ -168,7 +169,13 @@ def load_json(paths) -> pd.DataFrame:
             raise TableError(path, f"not an exported splitkv-tune JSON table ({exc})") from None
     df = pd.DataFrame(rows, columns=HEURISTICS_COLUMNS, dtype=object)  # 16 stays "16", not "16.0"
     df = df.where(df.notna(), "")
-    return validate_heuristics(df.astype(str), ", ".join(map(str, paths)))
+    try:
+        return validate_heuristics(df.astype(str), ", ".join(map(str, paths)))
+    except TableError as err:
+        if err.row is None:
+            raise
+        path, key = entries[err.row]  # a JSON file has no rows or lines: name the entry
+        raise TableError(path, f"entry {key!r}: {err.problem}") from None
 
 
 def read_table_file(path, gpu: str | None = None) -> pd.DataFrame:

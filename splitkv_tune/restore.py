@@ -58,7 +58,7 @@ def _numbers(raw: pd.DataFrame, column: str, path, integer: bool) -> pd.Series:
     if bad.any():
         i = int(bad.to_numpy().nonzero()[0][0])
         want = "an integer of 0 or more" if integer else "a number"
-        raise TableError(path, f"row {i + 1} (line {i + 2}): {column} is {cells.iloc[i]!r}, not {want}")
+        raise TableError(path, f"{column} is {cells.iloc[i]!r}, not {want}", row=i)
     return values.astype("Int64") if integer else values
 
 
@@ -75,7 +75,7 @@ def read_sweep_trials(path) -> pd.DataFrame:
         empty = raw[column] == ""
         if empty.any():
             i = int(empty.to_numpy().nonzero()[0][0])
-            raise TableError(path, f"row {i + 1} (line {i + 2}): {column} is empty")
+            raise TableError(path, f"{column} is empty", row=i)
     frame = raw[table.TRIALS_COLUMNS].replace("", None)
     for column in validated.columns:
         if column != "reason":

@@ -74,16 +74,21 @@ _FLOATS = {"median_us", "p20_us", "p80_us", "gbps", "frac_copy_bw", "noise_margi
 
 
 class TableError(Exception):
-    """A table that cannot be used; ``str()`` names the file and the problem.
+    """A table that cannot be used; ``str()`` names the file, the row (``row``: its 0-based
+    index, when the problem is one row's) and the problem.
 
     >>> str(TableError("t.csv", "missing columns: gpu"))
     't.csv: missing columns: gpu'
+    >>> str(TableError("t.csv", "num_splits must be in [1, 128], got 999", row=2))
+    't.csv: row 3 (line 4): num_splits must be in [1, 128], got 999'
     """
 
-    def __init__(self, file, problem: str):
+    def __init__(self, file, problem: str, row: int | None = None):
         self.file = str(file)
         self.problem = problem
-        super().__init__(f"{self.file}: {problem}")
+        self.row = row
+        where = "" if row is None else f"row {row + 1} (line {row + 2}): "
+        super().__init__(f"{self.file}: {where}{problem}")
 
 
 def _show(value: str) -> str:
@@ -165,14 +170,14 @@ def _validate_records(present, rows, columns: list[str], source,
             try:
                 rec[col] = _parse_value(col, raw.strip(), optional)
             except ValueError as exc:
-                raise TableError(source, f"row {i + 1} (line {i + 2}): {exc}") from None
+                raise TableError(source, str(exc), row=i) from None
         if rec["q_heads"] % rec["kv_heads"]:
-            raise TableError(source, f"row {i + 1} (line {i + 2}): q_heads ({rec['q_heads']}) "
-                                     f"is not a multiple of kv_heads ({rec['kv_heads']})")
+            raise TableError(source, f"q_heads ({rec['q_heads']}) is not a multiple of kv_heads ({rec['kv_heads']})",
+                             row=i)
         spread = [rec.get(c) for c in ("p20_us", "median_us", "p80_us")]
         if None not in spread and not spread[0] <= spread[1] <= spread[2]:
-            raise TableError(source, f"row {i + 1} (line {i + 2}): p20_us <= median_us <= p80_us does not "
-                                     f"hold ({spread[0]:g}, {spread[1]:g}, {spread[2]:g})")
+            raise TableError(source, "p20_us <= median_us <= p80_us does not hold "
+                                     f"({spread[0]:g}, {spread[1]:g}, {spread[2]:g})", row=i)
         records.append(rec)
     if not records:
         raise TableError(source, "empty table (no rows)")
@@ -224,20 +229,18 @@ def _check_heuristics_records(records: list[dict], source) -> None:
     for i, r in enumerate(records):
         key = tuple(r[c] for c in ["gpu"] + SHAPE_COLUMNS)
         if key in seen:
-            raise TableError(source, f"row {i + 1} (line {i + 2}): duplicate shape (same GPU "
-                                     "and shape as an earlier row)")
+            raise TableError(source, "duplicate shape (same GPU and shape as an earlier row)", row=i)
         seen.add(key)
         for us, splits in PER_BLOCK_KV_COLUMNS:
             if missing_cell(r.get(us)) != missing_cell(r.get(splits)):
-                raise TableError(source, f"row {i + 1} (line {i + 2}): {us} and {splits} go "
-                                         "together (both empty, or both given)")
+                raise TableError(source, f"{us} and {splits} go together (both empty, or both given)", row=i)
             if not missing_cell(r.get(us)) and r[us] <= 0:
-                raise TableError(source, f"row {i + 1} (line {i + 2}): {us} must be > 0, got {r[us]}")
+                raise TableError(source, f"{us} must be > 0, got {r[us]}", row=i)
         given = [b for b, (us, _) in zip(tunables.BLOCK_KV, PER_BLOCK_KV_COLUMNS) if not missing_cell(r.get(us))]
         if given and r["block_kv"] not in given:
-            raise TableError(source, f"row {i + 1} (line {i + 2}): best_us_kv{r['block_kv']} is empty, but the "
+            raise TableError(source, f"best_us_kv{r['block_kv']} is empty, but the "
                                      f"row's winner ran block_kv {r['block_kv']} (the per-block_kv columns give "
-                                     "the winner at every block_kv timed)")
+                                     "the winner at every block_kv timed)", row=i)
 
 
 def _refuse_batch_table(columns, source) -> None:
@@ -332,7 +335,7 @@ def validate_trials(df, source="<trials>"):
     bad = (out["status"] == "ok") & out["median_us"].isna()
     if bad.any():
         i = int(bad.to_numpy().nonzero()[0][0])
-        raise TableError(source, f"row {i + 1} (line {i + 2}): status ok but median_us is empty or NaN")
+        raise TableError(source, "status ok but median_us is empty or NaN", row=i)
     return out
 
 

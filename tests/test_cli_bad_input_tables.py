@@ -144,3 +144,17 @@ def test_residency_given_twice_for_one_head_dim(values, expected, assert_clear_e
     for value in values:
         argv += ["--ctas-per-sm", value]
     assert_clear_error(invoke(*argv), "--ctas-per-sm", expected)
+
+
+def test_a_bad_cell_of_an_exported_json_names_its_entry(tmp_path, assert_clear_error):
+    """A JSON file has no rows or lines: its errors name the entry, as the file writes its key."""
+    import json
+    assert invoke("export", "--format", "json", "--table", FIXTURES / "heuristics.csv", "-o", tmp_path).exit_code == 0
+    path = sorted(tmp_path.glob("*.json"))[0]
+    doc = json.loads(path.read_text())
+    key = [k for k in doc if k != "_metadata"][1]
+    doc[key]["num_splits"] = 999
+    path.write_text(json.dumps(doc))
+    result = invoke("select", "--table", path, "--kv-len", "4096", "--kv-heads", "8")
+    assert_clear_error(result, f"entry {key!r}", "num_splits must be in [1, 128], got 999")
+    assert "line" not in result.output
