@@ -117,9 +117,8 @@ def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, 
     grid_obj, shapes = _grid_shapes(grid, dtypes, head_dims, patterns)
     budget = parse_duration(time_budget)
     if dry_run:
-        table_gpu = gpus.resolve_gpu(gpu) if gpu != "auto" else \
-            sweep_mod.present_device_name(backend).split(" ")[0]
-        if table_gpu == "none":
+        table_gpu = gpus.resolve_gpu(gpu) if gpu != "auto" else sweep_mod.present_device_name(backend)
+        if gpu == "auto" and table_gpu.startswith("none"):
             raise click.BadParameter("auto finds no GPU here: name the GPU the sweep is planned for, "
                                      "e.g. --gpu h200", param_hint="--gpu")
     else:
@@ -200,6 +199,13 @@ def _run(sweep_mod, plan, progress) -> None:
                f"{len(result['heuristics'])} shapes in {result['heuristics_csv']}")
 
 
+def _number_not_nan(ctx, param, value):
+    """click's FloatRange lets NaN through (every comparison with it is false)."""
+    if value is not None and value != value:
+        raise click.BadParameter("must be a number, got nan")
+    return value
+
+
 @click.command()
 @click.argument("trials", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("-o", "--output", default=None,
@@ -207,7 +213,7 @@ def _run(sweep_mod, plan, progress) -> None:
 @click.option("--gpu", default=None,
               help="The GPU the table is for: of trials that name several GPUs, its rows; otherwise "
                    "the gpu column is set to it.")
-@click.option("--min-margin", type=click.FloatRange(min=0, max=1), default=None,
+@click.option("--min-margin", type=click.FloatRange(min=0, max=1), default=None, callback=_number_not_nan,
               help="Smallest relative noise margin for ties (default 0.01).")
 @click.option("--from-storage", is_flag=True,
               help="First rebuild trials.csv from the sweep's storage (after a killed sweep).")
@@ -258,10 +264,8 @@ def table(trials, output, gpu, min_margin, from_storage, storage):
     measured = pd.concat(parts, ignore_index=True)
     sources = ", ".join(map(str, trials_paths))
     if gpu is not None:
-        gpu = resolve_gpu(gpu)
         measured = with_gpu_rows(measured, gpu, sources)
-    if min_margin is not None and min_margin != min_margin:
-        raise click.BadParameter("must be a number from 0 to 1, got nan", param_hint="--min-margin")
+        gpu = resolve_gpu(gpu)
     margin = table_mod.MIN_NOISE_MARGIN if min_margin is None else min_margin
     result = table_mod.build_heuristics(measured, gpu, margin)
     if not len(result):

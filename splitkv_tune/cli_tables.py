@@ -58,8 +58,8 @@ def _gpu_name(gpu: str | None, frame=None) -> str | None:
 def _present_gpu(gpu: str, backend: str, force: bool) -> str:
     """The device a measuring command's timings are labelled with: the CUDA device present (exits
     when ``--gpu`` names another one and ``--force`` was not given, since its timings would read
-    as that GPU's), or on the reference backend ``cpu_reference``, as a sweep labels them, whichever
-    GPU's table and profile ``--gpu`` names."""
+    as that GPU's), or on the reference backend ``cpu_reference`` (the name of a reference sweep's
+    table unless ``--force`` names a GPU), whichever GPU's table and profile ``--gpu`` names."""
     from splitkv_tune import sweep as sweep_mod
     if backend == "reference":
         return sweep_mod.REFERENCE_BACKEND_DEVICE
@@ -344,8 +344,13 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
     if problem:
         _fail(problem)
     measured_on = _present_gpu(gpu, backend, force)
-    # With "auto" and no CUDA device, the reference backend's own name (as sweep labels it).
-    gpu = _gpu_name(gpu) or measured_on
+    if _gpu_name(gpu) is None:  # "auto" with no CUDA device: the table's one GPU, if it has one
+        from splitkv_tune.export import read_table_file
+        gpu = _gpu_name(gpu, read_table_file(table) if table is not None else None)
+        if gpu is None:
+            _fail("--gpu auto finds no GPU here: name the GPU whose table and profile to use, e.g. --gpu h200")
+    else:
+        gpu = _gpu_name(gpu)
     loaded, where = _load_table(table, gpu)
     import pandas as pd
 
@@ -465,6 +470,8 @@ def plot(path, output, gpu, regret_csv, batch_regret_csv, batch_csvs):
             drawn += plot_batch_regret(batch_regret_csv, staged, _gpu_name(gpu))
         if batch_csvs:
             drawn += plot_batches(batch_csvs, staged, _gpu_name(gpu))
-        for p in drawn:
-            os.replace(p, folder / Path(p).name)
-            click.echo(f"wrote {folder / Path(p).name}")
+        written = [folder / Path(p).name for p in drawn]
+        for staged_file, target in zip(drawn, written):
+            os.replace(staged_file, target)
+    for target in written:
+        click.echo(f"wrote {target}")

@@ -365,7 +365,7 @@ def table_locations(gpu_name: str) -> list[Path]:
     then the shipped ``results/<gpu>/heuristics.csv`` of the package (``<gpu>`` = ``resolve_gpu``)."""
     key = resolve_gpu(gpu_name)
     env = os.environ.get(TABLES_ENV)
-    return [root.resolve() / key / "heuristics.csv" for root in ([Path(env)] if env else []) + [RESULTS_DIR]]
+    return [root.absolute() / key / "heuristics.csv" for root in ([Path(env)] if env else []) + [RESULTS_DIR]]
 
 
 def table_path_for_gpu(gpu_name: str) -> Path | None:

@@ -177,7 +177,7 @@ def _validate_records(present, rows, columns: list[str], source,
         spread = [rec.get(c) for c in ("p20_us", "median_us", "p80_us")]
         if None not in spread and not spread[0] <= spread[1] <= spread[2]:
             raise TableError(source, "p20_us <= median_us <= p80_us does not hold "
-                                     f"({spread[0]:g}, {spread[1]:g}, {spread[2]:g})", row=i)
+                                     f"({spread[0]!r}, {spread[1]!r}, {spread[2]!r})", row=i)
         records.append(rec)
     if not records:
         raise TableError(source, "empty table (no rows)")

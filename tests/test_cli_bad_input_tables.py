@@ -42,14 +42,27 @@ def test_evaluate_checks_its_timing_budget(grid, assert_clear_error):
     assert_clear_error(result, "--max-time-s", ">= 0")
 
 
-def test_evaluate_on_the_reference_backend_without_a_gpu_name(grid, monkeypatch, assert_clear_error):
-    """With --gpu auto and no CUDA device, the reference backend's timings are cpu_reference's, as
-    a sweep labels them: a table of another GPU is refused by name, not with a traceback."""
+def test_evaluate_on_the_reference_backend_without_a_gpu_name(grid, tmp_path, monkeypatch, assert_clear_error):
+    """With --gpu auto and no CUDA device, the table's one GPU gives the table and profile (the
+    timings are cpu_reference's); without a table, --gpu is asked for, not a traceback."""
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    timed = tmp_path / "timed.csv"
     result = invoke("evaluate", "--backend", "reference", "--shapes-file", grid,
-                    "--table", FIXTURES / "heuristics.csv")
-    assert_clear_error(result, "cpu_reference", "nvidia_h200")
+                    "--table", FIXTURES / "heuristics.csv", "--out-trials", timed)
+    assert result.exit_code == 0, result.output
+    assert "measured on cpu_reference" in result.output and "rows of nvidia_h200" in result.output
+    assert set(pd.read_csv(timed)["gpu"]) == {"cpu_reference"}
+    assert_clear_error(invoke("evaluate", "--backend", "reference", "--shapes-file", grid), "--gpu", "e.g. --gpu h200")
+
+
+def test_a_gpu_without_a_table_names_the_absolute_paths_searched(tmp_path, monkeypatch, assert_clear_error):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPLITKV_TUNE_TABLES", "my-tables")
+    result = invoke("select", "--gpu", "gpu_nobody_has", "--kv-len", "4096", "--kv-heads", "8")
+    from splitkv_tune.selector import RESULTS_DIR
+    assert_clear_error(result, str(tmp_path / "my-tables" / "gpu_nobody_has" / "heuristics.csv"),
+                       str(RESULTS_DIR.absolute() / "gpu_nobody_has" / "heuristics.csv"))
 
 
 @pytest.mark.parametrize("text,expected", [
