@@ -456,12 +456,12 @@ def plot(path, output, gpu, regret_csv, batch_regret_csv, batch_csvs):
         _fail("give a heuristics or trials CSV (PATH), --regret EVAL.csv, --batch-regret EVAL.csv "
               "or --batches BATCH.csv")
     check_output(Path(output).parent if Path(output).suffix else output, "-o", directory=True)
-    # Every figure is drawn into a scratch folder beside the output and moved in only when all
-    # inputs were read, so that a bad input leaves no figure of the good ones behind.
+    # Every figure is drawn into a scratch folder in the output's nearest existing folder and moved
+    # in only when all inputs were read, so that a bad input leaves no figure (and no new folder).
     into_folder = Path(output).is_dir() or str(output).endswith(("/", "\\"))
     folder = Path(output) if into_folder else Path(output).parent
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".plot-") as scratch:
+    existing = next(p for p in [folder.absolute(), *folder.absolute().parents] if p.is_dir())
+    with tempfile.TemporaryDirectory(dir=existing, prefix=".plot-") as scratch:
         staged = scratch + os.sep if into_folder else str(Path(scratch) / Path(output).name)
         drawn = plot_all(path, staged, _gpu_name(gpu)) if path is not None else []
         if regret_csv is not None:
@@ -470,6 +470,7 @@ def plot(path, output, gpu, regret_csv, batch_regret_csv, batch_csvs):
             drawn += plot_batch_regret(batch_regret_csv, staged, _gpu_name(gpu))
         if batch_csvs:
             drawn += plot_batches(batch_csvs, staged, _gpu_name(gpu))
+        folder.mkdir(parents=True, exist_ok=True)
         written = [folder / Path(p).name for p in drawn]
         for staged_file, target in zip(drawn, written):
             os.replace(staged_file, target)

@@ -134,7 +134,7 @@ def test_plot_writes_no_figure_when_a_later_input_is_bad(tmp_path, assert_clear_
         out = tmp_path / f"plots{option}"
         result = invoke("plot", FIXTURES / "heuristics.csv", "-o", f"{out}/", option, bad)
         assert_clear_error(result, str(bad))
-        assert out.is_dir() and not list(out.iterdir()), option  # no figure, no scratch folder
+        assert not out.exists() and not list(tmp_path.glob(".plot-*")), option  # no figure, folder or scratch
     out = tmp_path / "good"
     result = invoke("plot", FIXTURES / "heuristics.csv", "-o", f"{out}/")
     assert result.exit_code == 0, result.output
