@@ -311,8 +311,7 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
         ctx = click.get_current_context()
         measuring = {"out_trials", "shapes_file", "max_time_s", "backend", "force", *shape_kw}
         given = ["/".join(param.opts + param.secondary_opts) for param in ctx.command.params
-                 if param.name in measuring
-                 and ctx.get_parameter_source(param.name) is not click.core.ParameterSource.DEFAULT]
+                 if param.name in measuring and ctx.params[param.name] != param.default]
         if given:
             _fail(f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with a measured evaluate; "
                   "--from-trials times nothing")

@@ -29,11 +29,18 @@ def grid(tmp_path):
 
 @pytest.mark.parametrize("extra", [
     ["--out-trials", "x.csv"], ["--shapes-file", "tiny.yaml"], ["--kv-len", "4096"], ["--backend", "reference"],
-    ["--max-time-s", "1"], ["--force"], ["--no-causal"],
+    ["--max-time-s", "1"], ["--force"], ["--causal"],
 ])
 def test_evaluate_from_trials_refuses_what_only_a_measured_evaluate_uses(extra, assert_clear_error):
     result = invoke("evaluate", "--gpu", "h200", "--from-trials", TRIALS, *extra)
     assert_clear_error(result, extra[0], "--from-trials times nothing")
+
+
+def test_evaluate_from_trials_takes_a_measuring_option_given_at_its_default(tmp_path):
+    result = invoke("evaluate", "--gpu", "h200", "--from-trials", TRIALS, "--backend", "cuda", "--no-causal",
+                    "--out-csv", tmp_path / "e.csv")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "e.csv").is_file()
 
 
 def test_evaluate_checks_its_timing_budget(grid, assert_clear_error):
