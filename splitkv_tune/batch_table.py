@@ -167,13 +167,9 @@ def read_csv_rows(path) -> tuple[list[str], list[dict]]:
     return header, rows
 
 
-def _csv_row(i: int) -> str:
-    return f"row {i + 1} (line {i + 2})"
-
-
-def validate_batch_records(header, rows, source="<batch table>", where=_csv_row) -> list[dict]:
+def validate_batch_records(header, rows, source="<batch table>") -> list[dict]:
     """Typed records of a batch table's raw rows (dicts of strings under ``header``):
-    ``TableError`` naming ``source``, the row (``where(index)``) and the problem (a v1 table,
+    ``TableError`` naming ``source``, the row (``TableError.row``) and the problem (a v1 table,
     missing columns, a wrong schema version, a bad cell, cells that disagree, a duplicate
     class, no rows)."""
     _refuse_v1(header, source)
@@ -199,7 +195,7 @@ def validate_batch_records(header, rows, source="<batch table>", where=_csv_row)
             if key in seen:
                 raise ValueError("duplicate class (same GPU and class as an earlier row)")
         except ValueError as exc:
-            raise TableError(source, f"{where(i)}: {exc}") from None
+            raise TableError(source, str(exc), row=i) from None
         seen.add(key)
         records.append(rec)
     if not records:

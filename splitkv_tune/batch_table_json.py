@@ -21,7 +21,7 @@ from splitkv_tune.batch_table import (_CHOICES, _FLOATS, _NAMES, BATCH_SCHEMA_VE
                                       RUNNER_UP_COLUMNS, SPLIT_PLAN_COLUMNS, keep_batch_gpu, read_batch_table,
                                       validate_batch_records)
 from splitkv_tune.gpus import device_names as profile_device_names
-from splitkv_tune.table_schema import NAME_RE, TableError
+from splitkv_tune.table_schema import NAME_RE, TableError, rows_named
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "batch_table.schema.json"
 CLASS_KEYS = BATCH_TABLE_COLUMNS[2:]  # less schema_version and gpu, which _metadata holds
@@ -144,7 +144,8 @@ def read_batch_table_json(path, gpu: str | None = None) -> list[dict]:
         header, rows = _raw_rows(doc)
     except ValueError as exc:
         raise TableError(path, f"not a splitkv-tune batch table JSON: {exc}") from None
-    records = validate_batch_records(header, rows, path, where=lambda i: f"classes[{i}]")
+    with rows_named(lambda row: (path, f"classes[{row}]")):
+        records = validate_batch_records(header, rows, path)
     return keep_batch_gpu(records, gpu, path)
 
 

@@ -307,12 +307,13 @@ def batch_table(csvs, gpu, output):
     check_output(output, "-o", allow_stdout=True)
     rows = [row for path in csvs for row in bt.read_compare_batch_csv(path)]
     table = bt.build_batch_table(rows, gpu)
-    if output == STDOUT:
+    to_stdout = output == STDOUT
+    if to_stdout:
         click.echo(bt.format_batch_table(table), nl=False)
     else:
         (write_batch_table_json if output.endswith(".json") else bt.write_batch_table)(output, table)
-    click.echo(f"wrote {'stdout' if output == STDOUT else output}: {len(table)} batch classes from {len(rows)} rows of {len(csvs)} CSV files",
-               err=output == STDOUT)
+    click.echo(f"wrote {'stdout' if to_stdout else output}: {len(table)} batch classes from {len(rows)} rows of "
+               f"{len(csvs)} CSV files", err=to_stdout)
 
 
 @click.command("cross-validate-batches")

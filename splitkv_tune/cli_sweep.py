@@ -116,16 +116,11 @@ def sweep(gpu, grid, dtypes, head_dims, patterns, trials, time_budget, sampler, 
         raise click.UsageError("--json goes with --dry-run")
     grid_obj, shapes = _grid_shapes(grid, dtypes, head_dims, patterns)
     budget = parse_duration(time_budget)
-    if dry_run:
-        table_gpu = gpus.resolve_gpu(gpu) if gpu != "auto" else sweep_mod.present_device_name(backend)
-        if gpu == "auto" and table_gpu.startswith("none"):
-            raise click.BadParameter("auto finds no GPU here: name the GPU the sweep is planned for, "
-                                     "e.g. --gpu h200", param_hint="--gpu")
-    else:
-        try:
-            table_gpu = sweep_mod.resolve_table_gpu(gpu, backend, force)
-        except sweep_mod.GpuMismatch as err:
-            fail(str(err))
+    try:  # a dry run plans for whichever GPU --gpu names
+        table_gpu = sweep_mod.resolve_table_gpu(gpu, backend, force or dry_run)
+    except sweep_mod.GpuMismatch as err:
+        fail(str(err) + ("; or name the GPU the dry run plans for, e.g. --gpu h200" if dry_run else ""))
+    if not dry_run:
         _backend_or_exit(backend)
     out = Path(out_dir) if out_dir else Path("results") / table_gpu
     if not dry_run:
@@ -231,8 +226,7 @@ def table(trials, output, gpu, min_margin, from_storage, storage):
 
     from splitkv_tune import table as table_mod
     from splitkv_tune.gpus import resolve_gpu
-    from splitkv_tune.table_schema import read_trials, validate_heuristics
-    from splitkv_tune.table_schema import with_gpu as with_gpu_rows
+    from splitkv_tune.table_schema import read_trials, validate_heuristics, with_gpu
 
     trials_paths = [path / "trials.csv" if path.is_dir() else path for path in map(Path, trials)]
     trials_path = trials_paths[0]
@@ -256,15 +250,15 @@ def table(trials, output, gpu, min_margin, from_storage, storage):
         if not path.is_file():
             raise click.BadParameter(f"{path} does not exist", param_hint="TRIALS")
     parts = [read_trials(path) for path in trials_paths]
-    with_gpu = [path for path, part in zip(trials_paths, parts) if "gpu" in part.columns]
-    if gpu is None and 0 < len(with_gpu) < len(parts):
-        without = next(path for path in trials_paths if path not in with_gpu)
-        raise click.BadParameter(f"{with_gpu[0]} has a gpu column and {without} has none: name the GPU with --gpu",
+    labelled = [path for path, part in zip(trials_paths, parts) if "gpu" in part.columns]
+    if gpu is None and 0 < len(labelled) < len(parts):
+        without = next(path for path in trials_paths if path not in labelled)
+        raise click.BadParameter(f"{labelled[0]} has a gpu column and {without} has none: name the GPU with --gpu",
                                  param_hint="TRIALS")
     measured = pd.concat(parts, ignore_index=True)
     sources = ", ".join(map(str, trials_paths))
     if gpu is not None:
-        measured = with_gpu_rows(measured, gpu, sources)
+        measured = with_gpu(measured, gpu, sources)
         gpu = resolve_gpu(gpu)
     margin = table_mod.MIN_NOISE_MARGIN if min_margin is None else min_margin
     result = table_mod.build_heuristics(measured, gpu, margin)

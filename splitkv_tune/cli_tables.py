@@ -16,7 +16,7 @@ import click
 from splitkv_tune import tunables
 from splitkv_tune.cli_batch import CTAS_PER_SM, check_page_size, parse_lengths_option
 from splitkv_tune.cli_errors import check_output, exit_2_on_bad_input, fail
-from splitkv_tune.cli_tune import _check_timing
+from splitkv_tune.cli_tune import check_timing_option
 from splitkv_tune.gpus import profile_for, resolve_gpu
 from splitkv_tune.selector import (TABLES_ENV, HeuristicTable, load_table_for_gpu, select_shape, table_locations,
                                    table_path_for_gpu)
@@ -281,7 +281,7 @@ def _write_reports(df, out_csv, out_md, header: str) -> None:
                    "the parts of one measurement set, as `table` takes them")
 @click.option("--shapes-file", "shapes_file", type=click.Path(dir_okay=False), default=None,
               help="shapes to measure: a CSV with the shape columns or a grid YAML")
-@click.option("--max-time-s", type=float, default=None, callback=_check_timing,
+@click.option("--max-time-s", type=float, default=None, callback=check_timing_option,
               help="timing budget per config [default: the grid's, else 0.2]")
 @click.option("--backend", type=click.Choice(["cuda", "reference"]), default="cuda",
               show_default=True, help="what is timed: the kernel, or the PyTorch reference on the CPU")
@@ -343,13 +343,13 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
     if problem:
         _fail(problem)
     measured_on = _present_gpu(gpu, backend, force)
-    if _gpu_name(gpu) is None:  # "auto" with no CUDA device: the table's one GPU, if it has one
+    name = _gpu_name(gpu)
+    if name is None and table is not None:  # "auto" with no CUDA device: the table's one GPU, if it has one
         from splitkv_tune.export import read_table_file
-        gpu = _gpu_name(gpu, read_table_file(table) if table is not None else None)
-        if gpu is None:
-            _fail("--gpu auto finds no GPU here: name the GPU whose table and profile to use, e.g. --gpu h200")
-    else:
-        gpu = _gpu_name(gpu)
+        name = _gpu_name(gpu, read_table_file(table))
+    if name is None:
+        _fail("--gpu auto finds no GPU here: name the GPU whose table and profile to use, e.g. --gpu h200")
+    gpu = name
     loaded, where = _load_table(table, gpu)
     import pandas as pd
 

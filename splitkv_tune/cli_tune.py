@@ -18,7 +18,7 @@ BACKEND_OPTION = click.option("--backend", type=click.Choice(["cuda", "reference
                                    "(runs on the CPU, for testing the pipeline).")
 
 
-def _check_timing(ctx, param, value):
+def check_timing_option(ctx, param, value):
     if value is None:
         return value
     problem = space.timing_problem(param.name, value)
@@ -43,12 +43,12 @@ def grid_options(fn):
 
 def _timing_options(fn):
     for opt in reversed([
-        click.option("--warmup-s", type=float, default=None, callback=_check_timing,
+        click.option("--warmup-s", type=float, default=None, callback=check_timing_option,
                      help="Warm-up seconds per config (default: the grid's, else 0.05)."),
-        click.option("--min-reps", type=int, default=None, callback=_check_timing,
+        click.option("--min-reps", type=int, default=None, callback=check_timing_option,
                      help="Fewest samples per config, at least 1 "
                           "(default: the grid's, else 20)."),
-        click.option("--max-time-s", type=float, default=None, callback=_check_timing,
+        click.option("--max-time-s", type=float, default=None, callback=check_timing_option,
                      help="Sampling time per config once --min-reps is met "
                           "(default: the grid's, else 0.2)."),
     ]):

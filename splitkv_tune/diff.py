@@ -108,6 +108,7 @@ def diff_tables(a, b, min_margin: float = DEFAULT_MIN_MARGIN, trials_b=None) -> 
     """
     if not (min_margin >= 0 and math.isfinite(min_margin)):
         raise ValueError(f"min_margin must be a finite number >= 0, got {min_margin}")
+    from splitkv_tune.evaluation import summarize
     rows_a = {tuple(_shape(r).values()): r for r in a.to_dict("records")}
     rows_b = {tuple(_shape(r).values()): r for r in b.to_dict("records")}
     timed_b = _trial_times(trials_b) if trials_b is not None else {}
@@ -131,7 +132,6 @@ def diff_tables(a, b, min_margin: float = DEFAULT_MIN_MARGIN, trials_b=None) -> 
             for side, rows, other in (("only_in_a", rows_a, rows_b), ("only_in_b", rows_b, rows_a))}
     ratios = [s["ratio"] for s in shapes]
     summary = {v: sum(s["verdict"] == v for s in shapes) for v in VERDICTS}
-    from splitkv_tune.evaluation import summarize
     kept = summarize(s["a_winner_regret_in_b"] for s in shapes if s["a_winner_regret_in_b"] is not None)
     summary.update(compared=len(shapes), winners_changed=sum(s["winner_changed"] for s in shapes),
                    geomean_ratio=(math.exp(sum(map(math.log, ratios)) / len(ratios))

@@ -31,7 +31,7 @@ from splitkv_tune.gpus import GpuProfile
 from splitkv_tune.interpolation import Q, WAVE_ROUNDING_FROM, fits_block_kv, wave_slots
 from splitkv_tune.selector import NEIGHBOURS, SK_DROP_BITS, HeuristicTable, _profiles
 from splitkv_tune.table_schema import (HEURISTICS_COLUMNS, NAME_RE, SCHEMA_VERSION, SHAPE_COLUMNS,
-                                       TableError, keep_gpu, read_heuristics, validate_heuristics)
+                                       TableError, keep_gpu, read_heuristics, rows_named, validate_heuristics)
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "heuristics.schema.json"
 # The JSON's own version (``_metadata.schema_version``), apart from the CSV table's: 2 added
@@ -169,13 +169,8 @@ def load_json(paths) -> pd.DataFrame:
             raise TableError(path, f"not an exported splitkv-tune JSON table ({exc})") from None
     df = pd.DataFrame(rows, columns=HEURISTICS_COLUMNS, dtype=object)  # 16 stays "16", not "16.0"
     df = df.where(df.notna(), "")
-    try:
+    with rows_named(lambda row: (entries[row][0], f"entry {entries[row][1]!r}")):
         return validate_heuristics(df.astype(str), ", ".join(map(str, paths)))
-    except TableError as err:
-        if err.row is None:
-            raise
-        path, key = entries[err.row]  # a JSON file has no rows or lines: name the entry
-        raise TableError(path, f"entry {key!r}: {err.problem}") from None
 
 
 def read_table_file(path, gpu: str | None = None) -> pd.DataFrame:

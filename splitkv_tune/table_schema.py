@@ -24,6 +24,7 @@ any problem raises :class:`TableError` naming the file and the problem.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import re
@@ -89,6 +90,19 @@ class TableError(Exception):
         self.row = row
         where = "" if row is None else f"row {row + 1} (line {row + 2}): "
         super().__init__(f"{self.file}: {where}{problem}")
+
+
+@contextlib.contextmanager
+def rows_named(name_of):
+    """Re-raise a :class:`TableError` of one row with the row named ``name_of(row) -> (file,
+    name)`` instead of a row and line number: for files that have neither (JSON)."""
+    try:
+        yield
+    except TableError as err:
+        if err.row is None:
+            raise
+        file, name = name_of(err.row)
+        raise TableError(file, f"{name}: {err.problem}") from None
 
 
 def _show(value: str) -> str:

@@ -152,7 +152,8 @@ def test_plot_writes_no_figure_when_a_later_input_is_bad(tmp_path, assert_clear_
 def test_a_dry_run_for_auto_with_no_gpu_asks_for_one(grid, monkeypatch, assert_clear_error):
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert_clear_error(invoke("sweep", "--gpu", "auto", "--grid", grid, "--dry-run"), "--gpu", "finds no GPU")
+    assert_clear_error(invoke("sweep", "--gpu", "auto", "--grid", grid, "--dry-run"), "--gpu auto found no CUDA device",
+                       "name the GPU the dry run plans for, e.g. --gpu h200")
 
 
 @pytest.mark.parametrize("values,expected", [
