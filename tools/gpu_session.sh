@@ -28,6 +28,9 @@
 # takes ~2.5 min first (wheels installed, two split kernels per instantiation).
 # Offline hosts: carry the wheels of gpu-wheelhouse.sh in .whl/ (installed to /tmp/site first),
 # and .prebuilt/ (the extension a build returned as $OUT/extension.tar.xz.N) to skip the build.
+# The carry limit (64 MiB with the tree) leaves no room for a dense part's optuna.journal beside
+# all of .whl/: a dense-part or evaluate call, which needs no FlashInfer, can leave its tarball and
+# the apache_tvm_ffi wheel out of .whl/ and carry the journal instead (no restore-storage).
 # Logs are written to a scratch folder and, after every step, packed with results/<gpu> into
 # one file, $OUT/session.tgz (default ./gpu-out): the GPU host returns only a few files per call.
 set -uo pipefail
