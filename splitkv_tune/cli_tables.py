@@ -75,11 +75,13 @@ def _table_locations_text(gpu: str) -> str:
     return " or ".join(str(path) for path in table_locations(gpu))
 
 
-def _load_table(table: str | None, gpu: str | None):
-    """(HeuristicTable or None, description of where it came from)."""
+def _load_table(table: str | None, gpu: str | None, frame=None):
+    """(HeuristicTable or None, description of where it came from); ``frame``: ``table`` as
+    already read, whose ``gpu`` rows are taken instead of reading the file again."""
     if table is not None:
         from splitkv_tune.export import read_table_file
-        df = read_table_file(table, gpu=gpu)
+        from splitkv_tune.table_schema import keep_gpu
+        df = read_table_file(table, gpu=gpu) if frame is None else keep_gpu(frame, gpu, table)
         return HeuristicTable(df, gpu=gpu, source=table), table
     if gpu is None:
         _fail("name a GPU (--gpu) or a table (--table)")
@@ -87,7 +89,7 @@ def _load_table(table: str | None, gpu: str | None):
     if loaded is None and profile_for(gpu) is None:
         _fail(f"unknown GPU {gpu!r}: no table at {_table_locations_text(gpu)} and no profile in "
               "configs/gpus.yaml")
-    return loaded, str(table_path_for_gpu(gpu)) if loaded is not None else "none"
+    return loaded, loaded.source if loaded is not None else "none"
 
 
 def shape_options(fn):
@@ -343,14 +345,15 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
     if problem:
         _fail(problem)
     measured_on = _present_gpu(gpu, backend, force)
-    name = _gpu_name(gpu)
+    name, frame = _gpu_name(gpu), None
     if name is None and table is not None:  # "auto" with no CUDA device: the table's one GPU, if it has one
         from splitkv_tune.export import read_table_file
-        name = _gpu_name(gpu, read_table_file(table))
+        frame = read_table_file(table)
+        name = _gpu_name(gpu, frame)
     if name is None:
         _fail("--gpu auto finds no GPU here: name the GPU whose table and profile to use, e.g. --gpu h200")
     gpu = name
-    loaded, where = _load_table(table, gpu)
+    loaded, where = _load_table(table, gpu, frame)
     import pandas as pd
 
     from splitkv_tune import meta
