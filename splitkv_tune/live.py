@@ -114,9 +114,7 @@ def resolve_knobs(batch: int, head_dim: int, kv_heads: int, packed_rows: int, nu
     """
     if block_kv == "auto":
         block_kv = DEFAULT_BLOCK_KV
-    allowed = tunables.BLOCK_KV_BY_HEAD_DIM[head_dim]
-    if isinstance(block_kv, bool) or block_kv not in allowed:
-        raise ValueError(f"block_kv must be one of {allowed} at head_dim {head_dim}, got {block_kv!r}")
+    tunables.check_block_kv_at(block_kv, head_dim)
     if min_blocks_per_split == "auto":
         min_blocks_per_split = max(1, default_min_keys_per_split(batch, kv_heads, packed_rows, num_sms) // block_kv)
     elif isinstance(min_blocks_per_split, str):
@@ -214,9 +212,7 @@ def launch_args(q, k, v, *, cache_seqlens, block_table, causal, block_kv, min_bl
     if not (isinstance(num_splits, str) and num_splits == "auto"):
         raise ValueError("num_splits applies to equal-length batches; a paged or variable-length batch is "
                          "split per sequence: pass max_splits (and min_blocks_per_split) instead")
-    if split_policy not in ("auto", "blocks"):
-        raise ValueError(f"split_policy must be 'blocks' or 'auto' for a paged or variable-length batch "
-                         f"(its splits are whole blocks), got {split_policy!r}")
+    plan.check_live_split_policy(split_policy)
     if not isinstance(check_inputs, bool):
         raise TypeError(f"check_inputs must be True or False, got {check_inputs!r}")
     _, capacity = plan.check_live_args(q, k, cache_seqlens, block_table)

@@ -180,6 +180,14 @@ def check_plan_knobs(block_kv: int, min_blocks_per_split: int, max_splits: int) 
                          f"got {min_blocks_per_split!r}")
 
 
+def check_live_split_policy(split_policy) -> None:
+    """``ValueError`` unless ``split_policy`` is ``"blocks"`` or ``"auto"``: a paged or
+    variable-length batch's splits are whole blocks."""
+    if not isinstance(split_policy, str) or split_policy not in ("auto", "blocks"):
+        raise ValueError(f"split_policy must be 'blocks' or 'auto' for a paged or variable-length batch "
+                         f"(its splits are whole blocks), got {split_policy!r}")
+
+
 def check_split_plan(split_plan) -> str:
     """``split_plan`` when it is one of ``SPLIT_PLANS``; ``ValueError`` naming it otherwise."""
     if not isinstance(split_plan, str) or split_plan not in SPLIT_PLANS:

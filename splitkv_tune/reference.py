@@ -32,15 +32,32 @@ from splitkv_tune import tunables
 _NEG_INF = float("-inf")
 
 
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int]:
-    """Check the FlashAttention layout; return ``(Hkv, G)``."""
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, same_batch: bool = True) -> tuple[int, int]:
+    """Check the FlashAttention layout; return ``(Hkv, G)``. ``same_batch``: k's first dim is
+    q's batch (False for page pools, whose first dim counts pages).
+
+    Every dim but k's and v's second (keys, or a pool's page size) needs an entry; no key at
+    all is a valid batch of empty sequences.
+
+    >>> _check_qkv(torch.zeros(0, 1, 4, 8), torch.zeros(0, 5, 2, 8), torch.zeros(0, 5, 2, 8))
+    Traceback (most recent call last):
+    ...
+    ValueError: q must have at least one entry in each dim (batch, seqlen, heads, head_dim), got shape (0, 1, 4, 8)
+    """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-D tensor (batch, seqlen, heads, head_dim)")
+            shape = f"got shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else f"got {type(t).__name__}"
+            raise ValueError(f"{name} must be a 4-D tensor (batch, seqlen, heads, head_dim), {shape}")
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+        if min(t.shape[i] for i in ((0, 1, 2, 3) if name == "q" else (0, 2, 3))) < 1:
+            raise ValueError(f"{name} must have at least one entry in each dim (batch, seqlen, heads, head_dim), "
+                             f"got shape {tuple(t.shape)}")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch and head_dim")
+    if (same_batch and q.shape[0] != k.shape[0]) or q.shape[3] != k.shape[3]:
+        agree = "batch and head_dim" if same_batch else "head_dim"
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in {agree}")
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     hq, hkv = q.shape[2], k.shape[2]
@@ -236,8 +253,11 @@ def splitkv_attention_ref(q, k, v, *, causal=False, softmax_scale=None, num_spli
                           min_blocks_per_split=1, plan_ctas=None):
     """Split-KV attention in PyTorch: :func:`splitkv_partials_ref` + :func:`combine_partials_ref`.
 
-    Same signature and layouts as ``splitkv_tune.ops.splitkv_attention``: returns ``out``
-    ``(B, Sq, Hq, D)``, or ``(out, lse)`` with ``lse`` ``(B, Hq, Sq)``. float32/float64
+    The layouts and knob names of ``splitkv_tune.ops.splitkv_attention``, with every knob
+    explicit (no ``"auto"``): returns ``out`` ``(B, Sq, Hq, D)``, or ``(out, lse)`` with ``lse``
+    ``(B, Hq, Sq)``. There is no merge, workspace or launch to choose, ``plan_ctas`` stands for
+    ``split_plan="load_aware"``, and the paged values are always checked (``check_inputs``).
+    Any floating dtype and head dim, at any ``block_kv``. float32/float64
     inputs are computed in their own dtype; fp16/bf16 inputs (the benchmark's reference
     backend, CPU or GPU) are upcast to float32, and ``out`` is cast back to ``q.dtype``
     while ``lse`` stays float32, as the kernel returns it. ``num_splits``, ``block_kv``
@@ -265,7 +285,7 @@ def splitkv_attention_ref(q, k, v, *, causal=False, softmax_scale=None, num_spli
     (``plan.plan_min_blocks``); None uses the knob as given.
     """
     if cache_seqlens is not None or block_table is not None:
-        return _live_batch_ref(q, k, v, causal, softmax_scale, num_splits, block_kv, return_lse,
+        return _live_batch_ref(q, k, v, causal, softmax_scale, num_splits, block_kv, split_policy, return_lse,
                                cache_seqlens, block_table, max_splits, min_blocks_per_split, plan_ctas)
     if plan_ctas is not None:
         raise ValueError("plan_ctas applies to paged or variable-length batches (cache_seqlens or block_table)")
@@ -286,17 +306,17 @@ def splitkv_attention_ref(q, k, v, *, causal=False, softmax_scale=None, num_spli
     return out, lse.float() if out_dtype in (torch.float16, torch.bfloat16) else lse
 
 
-def _live_batch_ref(q, k, v, causal, softmax_scale, num_splits, block_kv, return_lse, cache_seqlens,
+def _live_batch_ref(q, k, v, causal, softmax_scale, num_splits, block_kv, split_policy, return_lse, cache_seqlens,
                     block_table, max_splits, min_blocks_per_split, plan_ctas):
     """:func:`splitkv_attention_ref` of a paged or variable-length batch, one sequence at a time
     with the split count :mod:`splitkv_tune.plan` gives it."""
     from splitkv_tune import plan
 
+    _check_qkv(q, k, v, same_batch=block_table is None)
     if num_splits != 1:
         raise ValueError("num_splits applies to equal-length batches; a paged or variable-length "
                          "batch is split per sequence: pass max_splits (and min_blocks_per_split)")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    plan.check_live_split_policy(split_policy)
     plan.check_plan_knobs(block_kv, min_blocks_per_split, max_splits)
     batch = plan.check_live_batch(q, k, cache_seqlens, block_table)
     _, q_len, q_heads, _ = q.shape

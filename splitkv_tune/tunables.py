@@ -211,11 +211,15 @@ def check_block_kv(shape: Shape, config: Config) -> Config:
     ...
     ValueError: block_kv must be one of (32, 64) at head_dim 256, got 128
     """
-    allowed = block_kvs_for(shape.head_dim)
-    if config.block_kv not in allowed:
-        raise ValueError(f"block_kv must be one of {allowed} at head_dim {shape.head_dim}, "
-                         f"got {config.block_kv}")
+    check_block_kv_at(config.block_kv, shape.head_dim)
     return config
+
+
+def check_block_kv_at(block_kv, head_dim: int) -> None:
+    """``ValueError`` unless ``block_kv`` is instantiated at ``head_dim``, one of the kernel's."""
+    allowed = block_kvs_for(head_dim)
+    if isinstance(block_kv, bool) or block_kv not in allowed:
+        raise ValueError(f"block_kv must be one of {allowed} at head_dim {head_dim}, got {block_kv!r}")
 
 
 def lanes_per_row(head_dim: int) -> int:

@@ -152,14 +152,31 @@ def _bad_calls():
     yield "plan_ctas", dict(cache_seqlens=lens, block_table=table, plan_ctas=0), "plan_ctas"
     yield "plan_ctas type", dict(cache_seqlens=lens, block_table=table, plan_ctas=2.5), "plan_ctas"
     yield "plan_ctas range", dict(cache_seqlens=lens, block_table=table, plan_ctas=2 ** 32), "plan_ctas"
+    yield "split_policy", dict(cache_seqlens=lens, block_table=table, split_policy="length"), "split_policy"
+    yield "q rank", dict(cache_seqlens=lens, block_table=table, q=torch.zeros(2, 4, 64)), "q must be a 4-D"
+    yield "integer q", dict(cache_seqlens=lens, block_table=table, q=torch.zeros(2, 1, 4, 64, dtype=torch.int32)), \
+        "q must be a floating-point"
+    yield "no kv heads", dict(cache_seqlens=lens, block_table=table, k=torch.zeros(8, 16, 0, 64)), \
+        "k must have at least one entry"
+    yield "empty batch", dict(cache_seqlens=lens[:0], block_table=table[:0], q=torch.zeros(0, 1, 4, 64)), \
+        "q must have at least one entry"
+    # q, k and v are checked whatever the lengths: a batch of empty sequences reads no key.
+    empty = torch.zeros(2, dtype=torch.int32)
+    yield "heads, every length 0", dict(cache_seqlens=empty, block_table=table, q=torch.zeros(2, 1, 3, 64),
+                                        k=torch.zeros(8, 16, 2, 64)), "multiple"
+    yield "dtype, every length 0", dict(cache_seqlens=empty, block_table=table,
+                                        q=torch.zeros(2, 1, 4, 64, dtype=torch.float64)), "dtype"
+    yield "head_dim, every length 0", dict(cache_seqlens=empty, block_table=table, k=torch.zeros(8, 16, 1, 32)), \
+        "head_dim"
 
 
 @pytest.mark.parametrize("kwargs,pattern", [pytest.param(kw, p, id=name) for name, kw, p in _bad_calls()])
 def test_bad_live_batch_arguments_name_themselves(kwargs, pattern):
     kwargs = dict(kwargs)
+    q = kwargs.pop("q", torch.zeros(2, 1, 4, 64))
     k = kwargs.pop("k", torch.zeros(8, 16, 1, 64))
     with pytest.raises((ValueError, TypeError), match=pattern):
-        splitkv_attention_ref(torch.zeros(2, 1, 4, 64), k, k.clone(), **kwargs)
+        splitkv_attention_ref(q, k, k.clone(), **kwargs)
 
 
 def test_pages_past_the_live_length_are_neither_checked_nor_read(gen):

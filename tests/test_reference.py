@@ -372,3 +372,7 @@ def test_invalid_shapes(gen):
         attention_ref(q[0], k, v)
     with pytest.raises(TypeError, match="dtype"):
         splitkv_attention_ref(q.float(), k, v)
+    with pytest.raises(ValueError, match="q must have at least one entry"):
+        splitkv_attention_ref(q[:0], k[:0], v[:0])
+    with pytest.raises(TypeError, match="floating-point"):
+        splitkv_attention_ref(q.int(), k.int(), v.int())
