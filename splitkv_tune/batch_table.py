@@ -115,6 +115,13 @@ def _check_record(rec: dict) -> None:
     for col in ("block_kv", "runner_up_block_kv"):
         if rec.get(col) is not None and rec[col] not in allowed:
             raise ValueError(f"{col} must be one of {allowed} at head_dim {rec['head_dim']}, got {rec[col]}")
+    for prefix in ("", "runner_up_"):  # the kernel's range of the knob, which depends on block_kv
+        if rec.get(prefix + "block_kv") is not None:
+            try:
+                plan.check_plan_knobs(rec[prefix + "block_kv"], rec[prefix + "min_blocks_per_split"],
+                                      rec[prefix + "max_splits"])
+            except ValueError as exc:
+                raise ValueError(f"{prefix}{exc}") from None
     if rec["len_mean"] > rec["len_max"]:
         raise ValueError(f"len_mean ({rec['len_mean']}) exceeds len_max ({rec['len_max']})")
 

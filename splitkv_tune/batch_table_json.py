@@ -21,7 +21,7 @@ from splitkv_tune.batch_table import (_CHOICES, _FLOATS, _NAMES, BATCH_SCHEMA_VE
                                       RUNNER_UP_COLUMNS, SPLIT_PLAN_COLUMNS, keep_batch_gpu, read_batch_table,
                                       validate_batch_records)
 from splitkv_tune.gpus import device_names as profile_device_names
-from splitkv_tune.table_schema import NAME_RE, TableError, rows_named
+from splitkv_tune.table_schema import NAME_RE, TableError, check_keys, rows_named
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "batch_table.schema.json"
 CLASS_KEYS = BATCH_TABLE_COLUMNS[2:]  # less schema_version and gpu, which _metadata holds
@@ -77,10 +77,7 @@ def _json_cell(col: str, value) -> str:
 def _check_metadata(meta) -> dict:
     if not isinstance(meta, dict):
         raise ValueError("_metadata must be an object")
-    if meta.get("schema_version") == 1:
-        raise ValueError("this is a v1 heuristics export (`splitkv-tune export --format json`), not a batch-class "
-                         "table (schema v3); read it with splitkv_tune.export.load_json")
-    _check_keys("_metadata", meta, META_KEYS, META_KEYS)
+    check_keys("_metadata", meta, META_KEYS, META_KEYS)
     if type(meta["schema_version"]) is not int:
         raise ValueError(f"_metadata: schema_version must be an integer, got {json.dumps(meta['schema_version'])}")
     names = meta["device_names"]
@@ -94,21 +91,16 @@ def _check_metadata(meta) -> dict:
     return meta
 
 
-def _check_keys(where: str, obj: dict, required, allowed) -> None:
-    missing = [k for k in required if k not in obj]
-    unknown = [k for k in obj if k not in allowed]
-    if missing or unknown:
-        raise ValueError(f"{where}: " + "; ".join(
-            part for part in (missing and "missing keys: " + ", ".join(missing),
-                              unknown and "unknown keys: " + ", ".join(map(str, unknown))) if part))
-
-
 def _raw_rows(doc) -> tuple[list[str], list[dict]]:
     """The document's classes as a CSV's header and rows (dicts of strings); ``ValueError``
     naming the problem."""
     if not isinstance(doc, dict):
         raise ValueError("the document must be an object")
-    _check_keys("the document", doc, ["_metadata", "classes"], ["_metadata", "classes"])
+    meta = doc.get("_metadata")
+    if isinstance(meta, dict) and "key_format" in meta:
+        raise ValueError("this is a heuristics export (`splitkv-tune export --format json`: one entry per shape), "
+                         "not a batch-class table; it is a --table, read by splitkv_tune.export.load_json")
+    check_keys("the document", doc, ["_metadata", "classes"], ["_metadata", "classes"])
     meta = _check_metadata(doc["_metadata"])
     classes = doc["classes"]
     if not isinstance(classes, list):
@@ -120,7 +112,7 @@ def _raw_rows(doc) -> tuple[list[str], list[dict]]:
         if not isinstance(entry, dict):
             raise ValueError(f"classes[{i}] must be an object")
         required = [c for c in keys if c not in RUNNER_UP_COLUMNS]
-        _check_keys(f"classes[{i}]", entry, required, keys)
+        check_keys(f"classes[{i}]", entry, required, keys)
         try:
             row = {c: _json_cell(c, entry.get(c)) for c in keys}
         except ValueError as exc:

@@ -17,6 +17,13 @@ import click
 STDOUT = "-"
 
 
+def number_not_nan(ctx, param, value):
+    """A click callback: click's FloatRange lets NaN through (every comparison with it is false)."""
+    if value is not None and value != value:
+        raise click.BadParameter("must be a number, got nan")
+    return value
+
+
 def fail(message: str) -> None:
     click.echo(f"error: {message}", err=True)
     sys.exit(2)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from splitkv_tune.cli_errors import STDOUT, check_output, exit_2_on_bad_input, fail
+from splitkv_tune.cli_errors import STDOUT, check_output, exit_2_on_bad_input, fail, number_not_nan
 from splitkv_tune.cli_tune import (BACKEND_OPTION, _backend_or_exit, _grid_shapes, _num_sms,
                                    _smem_limit, _timing, _timing_options, grid_options,
                                    parse_duration)
@@ -194,13 +194,6 @@ def _run(sweep_mod, plan, progress) -> None:
                f"{len(result['heuristics'])} shapes in {result['heuristics_csv']}")
 
 
-def _number_not_nan(ctx, param, value):
-    """click's FloatRange lets NaN through (every comparison with it is false)."""
-    if value is not None and value != value:
-        raise click.BadParameter("must be a number, got nan")
-    return value
-
-
 @click.command()
 @click.argument("trials", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("-o", "--output", default=None,
@@ -208,7 +201,7 @@ def _number_not_nan(ctx, param, value):
 @click.option("--gpu", default=None,
               help="The GPU the table is for: of trials that name several GPUs, its rows; otherwise "
                    "the gpu column is set to it.")
-@click.option("--min-margin", type=click.FloatRange(min=0, max=1), default=None, callback=_number_not_nan,
+@click.option("--min-margin", type=click.FloatRange(min=0, max=1), default=None, callback=number_not_nan,
               help="Smallest relative noise margin for ties (default 0.01).")
 @click.option("--from-storage", is_flag=True,
               help="First rebuild trials.csv from the sweep's storage (after a killed sweep).")

@@ -15,12 +15,12 @@ import click
 
 from splitkv_tune import tunables
 from splitkv_tune.cli_batch import CTAS_PER_SM, check_page_size, parse_lengths_option
-from splitkv_tune.cli_errors import check_output, exit_2_on_bad_input, fail
+from splitkv_tune.cli_errors import STDOUT, check_output, exit_2_on_bad_input, fail
 from splitkv_tune.cli_tune import check_timing_option
 from splitkv_tune.gpus import profile_for, resolve_gpu
 from splitkv_tune.selector import (TABLES_ENV, HeuristicTable, load_table_for_gpu, select_shape, table_locations,
                                    table_path_for_gpu)
-from splitkv_tune.table_schema import SHAPE_COLUMNS, TableError, read_heuristics, read_trials, with_gpu
+from splitkv_tune.table_schema import SHAPE_COLUMNS, TableError, read_trials, with_gpu
 from splitkv_tune.tunables import Shape
 
 
@@ -149,6 +149,9 @@ def select(gpu, table, as_json, paged, lengths, page_size, batch_table, ctas_per
     if not paged and (lengths is not None or page_size is not None or batch_table is not None
                       or ctas_per_sm is not None):
         raise click.UsageError("--lengths, --page-size, --batch-table and --ctas-per-sm apply to --paged")
+    if paged and table is not None:
+        raise click.UsageError("--table is the equal-length call's table; a paged call's knobs come from "
+                               "--batch-table")
     if lengths is not None:
         shape_kw = _with_lengths(shape_kw, lengths)
     shape = _shape_from(**shape_kw)
@@ -193,7 +196,9 @@ def _select_paged(shape: Shape, gpu, as_json: bool, lengths, page_size: int, bat
     ``"auto"`` rules, or with ``batch_table`` or ``ctas_per_sm`` ``batch_select``'s: the nearest
     class's, else the model's), the splits a sequence filling the capacity gets, and the workspace."""
     from splitkv_tune import _rules, live
-    profile = profile_for(gpu) if gpu is not None else None
+    if gpu is None:
+        _fail("--paged needs the GPU's SM count: name the GPU with --gpu (no CUDA device here)")
+    profile = profile_for(gpu)
     if profile is None:
         _fail(f"--paged needs the GPU's SM count: no profile for {gpu!r} in configs/gpus.yaml")
     if batch_table is None and ctas_per_sm is None:
@@ -227,7 +232,7 @@ def _select_paged(shape: Shape, gpu, as_json: bool, lengths, page_size: int, bat
     click.echo(f"paged knobs: block_kv={bkv} min_blocks_per_split={min_blocks} max_splits={bound}{merge}")
     click.echo(f"why: {why}")
     if extra:
-        click.echo(f"batch table: {batch_table}")
+        click.echo(f"batch table: {batch_table if batch_table is not None else 'none (the model of --ctas-per-sm)'}")
     click.echo(f"a sequence of {shape.kv_len} keys (the capacity) gets {choice['splits_at_capacity']} splits "
                f"at min_blocks_per_split={min_blocks}")
     click.echo(f"workspace: {choice['workspace_bytes']} bytes")
@@ -376,18 +381,21 @@ def evaluate(gpu, table, trials, shapes_file, max_time_s, backend, out_csv, out_
               help="GPU whose rows to export [default: the table's]; repeat for a C++ header "
                    "covering several GPUs")
 @click.option("--table", "tables", multiple=True, type=click.Path(dir_okay=False),
-              help="heuristics.csv [default: each --gpu's table found like select does]; "
-                   "repeat for a C++ header covering several GPUs")
+              help="heuristics.csv or an exported .json [default: each --gpu's table found like select "
+                   "does]; repeat for a C++ header covering several GPUs")
 @click.option("--batch-table", "batch_tables", multiple=True, type=click.Path(dir_okay=False),
               help="cpp-header: a batch table (CSV or .json) of one of the header's GPUs, whose classes "
                    "select_live_knobs() reads; repeat for several GPUs")
 @click.option("-o", "--output", required=True, type=click.Path(),
-              help="file (csv, cpp-header) or directory (json)")
+              help="file (csv, cpp-header; - for stdout) or directory (json)")
 @_exit_2_on_bad_input
 def export(fmt, gpus, tables, batch_tables, output):
     """Export heuristics as CSV, per-device JSON files or a C++ header (one or several GPUs,
     dispatched by device name, with the paged call's knobs per batch class)."""
-    check_output(output, "-o", directory=(fmt == "json"))
+    if fmt == "json" and output == STDOUT:
+        raise click.BadParameter("--format json writes one file per device name, dtype and head_dim: give a "
+                                 "directory", param_hint="-o")
+    check_output(output, "-o", directory=(fmt == "json"), allow_stdout=True)
     from splitkv_tune import export as ex
     sources = _export_sources(gpus, tables)
     if fmt != "cpp-header" and len(sources) != 1:
@@ -397,17 +405,23 @@ def export(fmt, gpus, tables, batch_tables, output):
                                  "their JSON)", param_hint="--batch-table")
     if fmt == "cpp-header":
         from splitkv_tune.batch_table_json import read_batch_table_file
-        from splitkv_tune.export_cpp import export_cpp_header
+        from splitkv_tune.export_cpp import export_cpp_header, render_cpp_header
         parts = []
         for table, gpu in sources:
-            df = read_heuristics(table, gpu=gpu)
+            df = ex.read_table_file(table, gpu=gpu)
             for name in ([gpu] if gpu else sorted(set(df["gpu"]))):
                 parts.append(HeuristicTable(df, gpu=name, source=table))
         classes = [rec for path in batch_tables for rec in read_batch_table_file(path)]
+        if output == STDOUT:
+            click.echo(render_cpp_header(parts, batch_classes=classes), nl=False)
+            return
         paths = [export_cpp_header(parts, output, batch_classes=classes)]
     else:
         (table, gpu), = sources
-        df = read_heuristics(table, gpu=gpu)
+        df = ex.read_table_file(table, gpu=gpu)
+        if output == STDOUT:
+            click.echo(ex.csv_text(df, gpu, table), nl=False)
+            return
         writer = ex.export_csv if fmt == "csv" else ex.export_json
         written = writer(df, output, gpu, table)
         paths = written if isinstance(written, list) else [written]

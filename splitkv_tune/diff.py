@@ -31,6 +31,7 @@ import sys
 
 import click
 
+from splitkv_tune.cli_errors import number_not_nan
 from splitkv_tune.table_schema import CONFIG_COLUMNS, SHAPE_COLUMNS, TableError, keep_gpu, with_gpu
 
 DEFAULT_MIN_MARGIN = 0.01
@@ -184,7 +185,8 @@ def to_text(report: dict, name_a: str, name_b: str) -> str:
 @click.argument("run_b", metavar="B", type=click.Path(dir_okay=False))
 @click.option("--gpu", default=None, help="GPU of trials files without a gpu column, or the "
                                           "rows to compare in multi-GPU tables")
-@click.option("--min-margin", type=float, default=DEFAULT_MIN_MARGIN, show_default=True,
+@click.option("--min-margin", type=click.FloatRange(min=0, max=math.inf, max_open=True), default=DEFAULT_MIN_MARGIN,
+              show_default=True, callback=number_not_nan,
               help="smallest relative noise margin (the runs' own margins are used when larger)")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 def diff_command(run_a, run_b, gpu, min_margin, as_json):
@@ -196,9 +198,6 @@ def diff_command(run_a, run_b, gpu, min_margin, as_json):
         report = diff_tables(table_a, table_b, min_margin, trials_b)
     except TableError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    except ValueError as exc:
-        click.echo(f"error: --min-margin: {exc}", err=True)
         sys.exit(2)
     if as_json:
         click.echo(json.dumps({"a": str(run_a), "b": str(run_b), **report}, indent=1,

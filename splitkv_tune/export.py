@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -30,8 +31,9 @@ from splitkv_tune.gpus import device_names as profile_device_names
 from splitkv_tune.gpus import GpuProfile
 from splitkv_tune.interpolation import Q, WAVE_ROUNDING_FROM, fits_block_kv, wave_slots
 from splitkv_tune.selector import NEIGHBOURS, SK_DROP_BITS, HeuristicTable, _profiles
-from splitkv_tune.table_schema import (HEURISTICS_COLUMNS, NAME_RE, SCHEMA_VERSION, SHAPE_COLUMNS,
-                                       TableError, keep_gpu, read_heuristics, rows_named, validate_heuristics)
+from splitkv_tune.table_schema import (HEURISTICS_COLUMNS, NAME_RE, PER_BLOCK_KV_COLUMNS, SCHEMA_VERSION,
+                                       SHAPE_COLUMNS, TableError, check_keys, json_cell, keep_gpu, read_heuristics,
+                                       rows_named, validate_heuristics)
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "heuristics.schema.json"
 # The JSON's own version (``_metadata.schema_version``), apart from the CSV table's: 2 added
@@ -43,8 +45,13 @@ JSON_SCHEMA_VERSION = 2
 LOOKUP_KEYS_OF_VERSION = {1: (), 2: ("sms", "sm_balance_pct")}
 
 KEY_COLUMNS = [c for c in SHAPE_COLUMNS if c not in ("dtype", "head_dim")]
+KEY_FORMAT = ",".join(f"{c}={{{c}}}" for c in KEY_COLUMNS)
+_KEY_RE = re.compile(",".join(f"{c}=({'[01]' if c == 'causal' else '[1-9][0-9]*'})" for c in KEY_COLUMNS))
 _ENTRY_COLUMNS = [c for c in HEURISTICS_COLUMNS
                   if c not in ["schema_version", "gpu"] + SHAPE_COLUMNS]
+_REQUIRED_ENTRY_COLUMNS = [c for c in _ENTRY_COLUMNS if c not in {c for pair in PER_BLOCK_KV_COLUMNS for c in pair}]
+_META_KEYS = ["schema_version", "gpu", "device_name", "device_names", "dtype", "head_dim", "run_ids", "tool",
+              "tool_version", "key_format", "lookup"]
 
 
 def _safe(name: str) -> str:
@@ -57,12 +64,17 @@ def _table(df: pd.DataFrame, gpu: str | None, source) -> HeuristicTable:
     return HeuristicTable(validate_heuristics(df, source), gpu=gpu, source=source)
 
 
+def csv_text(df: pd.DataFrame, gpu: str | None = None, source="<table>") -> str:
+    """The validated table as CSV text (schema columns, canonical order, ``schema_version`` column)."""
+    return _table(df, gpu, source).frame[HEURISTICS_COLUMNS].to_csv(index=False)
+
+
 def export_csv(df: pd.DataFrame, path, gpu: str | None = None, source="<table>") -> Path:
-    """Write the validated table (schema columns, canonical order, ``schema_version`` column)."""
-    table = _table(df, gpu, source)
+    """Write :func:`csv_text` to ``path``."""
+    text = csv_text(df, gpu, source)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    table.frame[HEURISTICS_COLUMNS].to_csv(path, index=False)
+    path.write_text(text)
     return path
 
 
@@ -132,7 +144,7 @@ def export_json(df: pd.DataFrame, out_dir, gpu: str | None = None, source="<tabl
                     "head_dim": int(head_dim),
                     "run_ids": [_safe(r) for r in sorted(set(part["run_id"]))],
                     "tool": "splitkv-tune", "tool_version": _safe(__version__),
-                    "key_format": ",".join(f"{c}={{{c}}}" for c in KEY_COLUMNS),
+                    "key_format": KEY_FORMAT,
                     "lookup": lookup_constants(profile, fallback, int(head_dim))}
             path = out_dir / json_name(name, dtype, head_dim)
             path.write_text(json.dumps({"_metadata": meta, **entries}, indent=1,
@@ -141,34 +153,74 @@ def export_json(df: pd.DataFrame, out_dir, gpu: str | None = None, source="<tabl
     return paths
 
 
+def _unique_keys(pairs):
+    keys = [k for k, _ in pairs]
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        raise ValueError(f"duplicate keys: {', '.join(repeated[:3])}")
+    return dict(pairs)
+
+
+def _json_rows(doc) -> list[tuple[str, dict]]:
+    """(key, row of CSV cells) of each entry of an export; ``ValueError`` naming what the schema
+    (schemas/heuristics.schema.json) refuses: keys, types and the shape key's format."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("_metadata"), dict):
+        raise ValueError("the top level must be an object with a _metadata object and one entry per shape")
+    meta = doc["_metadata"]
+    if "classes" in doc:
+        raise ValueError("this is a batch-class table (`splitkv-tune batch-table`), not a heuristics export; "
+                         "it is a --batch-table")
+    check_keys("_metadata", meta, _META_KEYS, _META_KEYS)
+    version = meta["schema_version"]
+    if type(version) is not int or version not in LOOKUP_KEYS_OF_VERSION:
+        raise ValueError(f"schema_version is {version!r}, this tool reads exported "
+                         f"JSON of version {' or '.join(map(str, LOOKUP_KEYS_OF_VERSION))}")
+    if not isinstance(meta["lookup"], dict):
+        raise ValueError("_metadata.lookup must be an object")
+    missing = [k for k in LOOKUP_KEYS_OF_VERSION[version] if k not in meta["lookup"]]
+    if missing:
+        raise ValueError(f"_metadata.lookup has no {', '.join(missing)}, which version {version} requires")
+    if meta["key_format"] != KEY_FORMAT:
+        raise ValueError(f"_metadata.key_format must be {KEY_FORMAT!r}")
+    context = {"schema_version": str(SCHEMA_VERSION), "gpu": json_cell("gpu", meta["gpu"]),
+               "dtype": json_cell("dtype", meta["dtype"]), "head_dim": json_cell("head_dim", meta["head_dim"])}
+    rows = []
+    for key, entry in doc.items():
+        if key == "_metadata":
+            continue
+        shape = _KEY_RE.fullmatch(key)
+        if shape is None:
+            raise ValueError(f"entry {key[:60]!r}: keys must be {KEY_FORMAT!r} with integers, causal 0 or 1")
+        if not isinstance(entry, dict):
+            raise ValueError(f"entry {key!r} must be an object")
+        check_keys(f"entry {key!r}", entry, _REQUIRED_ENTRY_COLUMNS, _ENTRY_COLUMNS)
+        try:
+            cells = {c: json_cell(c, entry.get(c)) for c in _ENTRY_COLUMNS}
+        except ValueError as exc:
+            raise ValueError(f"entry {key!r}: {exc}") from None
+        rows.append((key, {**context, **dict(zip(KEY_COLUMNS, shape.groups())), **cells}))
+    return rows
+
+
 def load_json(paths) -> pd.DataFrame:
     """Read exported JSON files back into a validated heuristics table."""
     rows, entries = [], []  # entries: (file, key) of each row
     for path in paths:
         try:
-            doc = json.loads(Path(path).read_text())
-            if not isinstance(doc, dict) or not isinstance(doc.get("_metadata"), dict):
-                raise TableError(path, "not an exported splitkv-tune JSON table: the top level must be an "
-                                       "object with a _metadata object and one entry per shape")
-            meta = doc.pop("_metadata")
-            version = meta["schema_version"]
-            if version not in LOOKUP_KEYS_OF_VERSION:
-                raise TableError(path, f"schema_version is {version!r}, this tool reads exported "
-                                       f"JSON of version {' or '.join(map(str, LOOKUP_KEYS_OF_VERSION))}")
-            missing = [k for k in LOOKUP_KEYS_OF_VERSION[version] if k not in meta["lookup"]]
-            if missing:
-                raise TableError(path, f"_metadata.lookup has no {', '.join(missing)}, which "
-                                       f"version {version} requires")
-            for key, entry in doc.items():
+            doc = json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
+        except FileNotFoundError:
+            raise TableError(path, "no such file") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise TableError(path, f"not JSON ({str(exc).strip()[:80]})") from None
+        except ValueError as exc:  # _unique_keys
+            raise TableError(path, f"not an exported splitkv-tune JSON table: {exc}") from None
+        try:
+            for key, row in _json_rows(doc):
                 entries.append((path, key))
-                shape = dict(part.split("=", 1) for part in key.split(","))
-                rows.append({"schema_version": SCHEMA_VERSION, "gpu": meta["gpu"],
-                             "dtype": meta["dtype"], "head_dim": meta["head_dim"], **shape,
-                             **entry})
-        except (ValueError, KeyError, AttributeError, TypeError) as exc:
-            raise TableError(path, f"not an exported splitkv-tune JSON table ({exc})") from None
-    df = pd.DataFrame(rows, columns=HEURISTICS_COLUMNS, dtype=object)  # 16 stays "16", not "16.0"
-    df = df.where(df.notna(), "")
+                rows.append(row)
+        except ValueError as exc:
+            raise TableError(path, f"not an exported splitkv-tune JSON table: {exc}") from None
+    df = pd.DataFrame(rows, columns=HEURISTICS_COLUMNS, dtype=object)
     with rows_named(lambda row: (entries[row][0], f"entry {entries[row][1]!r}")):
         return validate_heuristics(df.astype(str), ", ".join(map(str, paths)))
 

@@ -91,9 +91,9 @@ def explain_knobs(batch: int, head_dim: int, kv_heads: int, packed_rows: int, nu
     low, high = MIN_KEYS_PER_SPLIT
     return (f"block_kv {bkv} (the paged default); keys per split {min_blocks * bkv}: {batch * tiles} (sequence, "
             f"KV head, query tile) CTAs of {TYPICAL_LEN} keys over {WAVES_PER_SEQUENCE} waves of {num_sms} SMs, "
-            f"within [{low}, {high}]; max_splits {bound}: {WAVES_PER_SEQUENCE} waves for one sequence give "
-            f"{one_sequence}, at most {CAPACITY_ITEMS_PER_SM} work items per SM {capacity_cap} (at least "
-            f"{floor}: {MIN_MAX_SPLITS} or a power of two within half a wave of one sequence), at most "
+            f"within [{low}, {high}]; max_splits {bound}: the least of {one_sequence} ({WAVES_PER_SEQUENCE} "
+            f"waves for one sequence), {capacity_cap} (at most {CAPACITY_ITEMS_PER_SM} work items per SM, but at "
+            f"least {floor}: {MIN_MAX_SPLITS} or a power of two within half a wave of one sequence) and "
             f"{tunables.MAX_SPLITS}; with split_plan='load_aware' each launch chooses min_blocks_per_split among "
             f"{', '.join(str(min_blocks << j) for j in range(_rules.live_plan_choices(min_blocks, bkv)))} "
             f"from the live lengths")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
 import math
 import re
 from pathlib import Path
@@ -169,6 +170,41 @@ def _parse_value(col: str, raw: str, optional=frozenset(_OPTIONAL)):
     return _parse_int(col, raw)
 
 
+def check_keys(where: str, obj: dict, required, allowed) -> None:
+    """``ValueError`` naming the keys of a JSON object that are missing or unknown."""
+    missing = [k for k in required if k not in obj]
+    unknown = [str(k) for k in obj if k not in allowed]
+    if len(unknown) > 5:
+        unknown = unknown[:5] + [f"and {len(unknown) - 5} more"]
+    if missing or unknown:
+        raise ValueError(f"{where}: " + "; ".join(
+            part for part in (missing and "missing keys: " + ", ".join(missing),
+                              unknown and "unknown keys: " + ", ".join(unknown)) if part))
+
+
+def json_cell(col: str, value) -> str:
+    """A heuristics value of a JSON file as the CSV cell it stands for, for the same checks;
+    ``ValueError`` for the wrong JSON type (a number as text, text as a number, true/false, null
+    where a value must be).
+
+    >>> json_cell("num_splits", 16), json_cell("p20_us", None)
+    ('16', '')
+    >>> json_cell("num_splits", "16")
+    Traceback (most recent call last):
+    ...
+    ValueError: num_splits must be an integer, got "16"
+    """
+    if value is None:
+        if col in _OPTIONAL:
+            return ""
+        raise ValueError(f"{col} is null")
+    text = col in _CHOICES or col in ("gpu", "run_id")
+    if isinstance(value, bool) or isinstance(value, str) != text or not isinstance(value, (str, int, float)):
+        kind = "a string" if text else "a number" if col in _FLOATS else "an integer"
+        raise ValueError(f"{col} must be {kind}, got {json.dumps(value)[:40]}")
+    return value if text else str(value)  # 16.0 for an integer reads as '16.0', which the cell check refuses
+
+
 def _validate_records(present, rows, columns: list[str], source,
                       optional=frozenset(_OPTIONAL)) -> list[dict]:
     """Typed records from raw rows (tuples in ``columns`` order) of a table whose header
@@ -245,6 +281,9 @@ def _check_heuristics_records(records: list[dict], source) -> None:
         if key in seen:
             raise TableError(source, "duplicate shape (same GPU and shape as an earlier row)", row=i)
         seen.add(key)
+        for us in ("median_us", "runner_up_us"):  # times are divided by: the noise margin, the ratios
+            if not missing_cell(r.get(us)) and r[us] <= 0:
+                raise TableError(source, f"{us} must be > 0, got {r[us]}", row=i)
         for us, splits in PER_BLOCK_KV_COLUMNS:
             if missing_cell(r.get(us)) != missing_cell(r.get(splits)):
                 raise TableError(source, f"{us} and {splits} go together (both empty, or both given)", row=i)
@@ -346,10 +385,11 @@ def validate_trials(df, source="<trials>"):
             df[col] = "" if col != "n" else "0"
     columns = TRIALS_REQUIRED_COLUMNS + (["gpu"] if "gpu" in df.columns else [])
     out = _validate_rows(df, columns, source, frozenset(_OPTIONAL | {"median_us"}))
-    bad = (out["status"] == "ok") & out["median_us"].isna()
+    bad = (out["status"] == "ok") & ~(out["median_us"] > 0)
     if bad.any():
         i = int(bad.to_numpy().nonzero()[0][0])
-        raise TableError(source, "status ok but median_us is empty or NaN", row=i)
+        raise TableError(source, f"status ok but median_us is {out['median_us'].iloc[i]} (a timed trial takes "
+                                 "some time)", row=i)
     return out
 
 

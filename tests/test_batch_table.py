@@ -244,6 +244,8 @@ def test_json_without_a_runner_up_and_needing_no_pandas(tmp_path):
     (dict(max_splits="16"), "classes[0]: max_splits must be an integer, got \"16\""),
     (dict(max_splits=16.0), "classes[0]: max_splits must be an integer, got '16.0'"),
     (dict(max_splits=129), "classes[0]: max_splits must be in [1, 128], got 129"),
+    (dict(min_blocks_per_split=10 ** 9), "classes[0]: min_blocks_per_split must be an integer in [1, "),
+    (dict(runner_up_min_blocks_per_split=10 ** 9), "classes[0]: runner_up_min_blocks_per_split must be an integer"),
     (dict(block_kv=True), "block_kv must be an integer, got true"),
     (dict(median_us=0), "classes[0]: median_us must be > 0"),
     (dict(median_us="1.0"), "median_us must be a number"),
@@ -257,7 +259,8 @@ def test_json_without_a_runner_up_and_needing_no_pandas(tmp_path):
     (dict(page_size=...), "classes[0]: missing keys: page_size"),
     (dict(_metadata=dict(schema_version=4)), "classes[0]: schema_version is 4; a table with split_plan columns is "
                                              "version 3"),
-    (dict(_metadata=dict(schema_version=1)), "this is a v1 heuristics export"),
+    (dict(_metadata=dict(schema_version=1)), "classes[0]: schema_version is 1; a table with split_plan columns is "
+                                             "version 3"),
     (dict(_metadata=dict(gpu='h200";x')), "gpu must match"),
     (dict(_metadata=dict(device_name="H100")), "the device_name among the device_names"),
     (dict(_metadata=dict(tool=None)), "tool must be 'splitkv-tune'"),
@@ -280,7 +283,7 @@ def test_bad_json_is_named(table_file, tmp_path, change, problem):
     assert str(err.value).startswith(f"{path}: ") and problem in str(err.value)
     schema = json.loads(btj.SCHEMA_PATH.read_text())
     # The reader's own checks: values that must agree, and 16.0 (an integer to JSON Schema, not to the CSV's cells).
-    reader_only = ("len_mean", "runner-up", "among the device_names", "'16.0'")
+    reader_only = ("len_mean", "runner-up", "among the device_names", "'16.0'", "min_blocks_per_split must be")
     assert list(jsonschema.Draft202012Validator(schema).iter_errors(bad)) or any(c in problem for c in reader_only)
 
 
@@ -288,11 +291,16 @@ def test_bad_json_files(tmp_path):
     (tmp_path / "text.json").write_text("gpu,dtype\n")
     (tmp_path / "list.json").write_text("[]")
     (tmp_path / "dir.json").mkdir()
-    v1 = tmp_path / "v1.json"
-    v1.write_text(json.dumps({"_metadata": {"schema_version": 1}, "classes": []}))
+    # A heuristics export (one entry per shape) of either version, given where a batch table goes.
+    shipped = (Path(__file__).parents[1] / "results" / "nvidia_h200" / "export" / "json"
+               / "device_name=NVIDIA_H200,dtype=bf16,head_dim=128.json")
+    export = json.loads(shipped.read_text())
+    (tmp_path / "heuristics.json").write_text(json.dumps(export))
+    (tmp_path / "v1.json").write_text(json.dumps({**export, "_metadata": {**export["_metadata"], "schema_version": 1}}))
+    heuristics = "this is a heuristics export (`splitkv-tune export --format json`: one entry per shape)"
     for name, problem in [("text.json", "not JSON"), ("list.json", "the document must be an object"),
                           ("dir.json", "is a directory"), ("absent.json", "no such file"),
-                          ("v1.json", "this is a v1 heuristics export")]:
+                          ("heuristics.json", heuristics), ("v1.json", heuristics)]:
         with pytest.raises(TableError) as err:
             btj.read_batch_table_json(tmp_path / name)
         assert str(err.value).startswith(f"{tmp_path / name}: ") and problem in str(err.value)

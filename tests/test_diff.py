@@ -79,9 +79,19 @@ def test_trials_against_their_own_table_and_shapes_in_one_run_only():
     (["{tmp}/missing.csv", "{good}"], "no such file"),
     (["{tmp}/bad.csv", "{good}"], "missing columns"),
     (["{good}", "{good}", "--min-margin", "-1"], "--min-margin"),
+    (["{good}", "{good}", "--min-margin", "nan"], "--min-margin"),
+    (["{tmp}/zero.csv", "{good}"], "median_us must be > 0"),
+    (["{good}", "{tmp}/zero.csv"], "median_us must be > 0"),
+    (["{tmp}/zero_trials.csv", "{good}", "--gpu", "h200"], "status ok but median_us is 0.0"),
 ])
 def test_bad_input_exits_2(tmp_path, args, needle):
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    table = pd.read_csv(HEURISTICS, dtype=str, keep_default_na=False)
+    table.loc[0, ["p20_us", "median_us"]] = "0"  # a time of 0 would be divided by
+    table.to_csv(tmp_path / "zero.csv", index=False)
+    trials = pd.read_csv(TRIALS, dtype=str, keep_default_na=False)
+    trials.loc[trials["status"] == "ok", ["p20_us", "median_us"]] = "0"
+    trials.to_csv(tmp_path / "zero_trials.csv", index=False)
     result = _run(*(a.format(tmp=tmp_path, good=HEURISTICS) for a in args))
     assert result.exit_code == 2 and needle in result.output
     assert "Traceback" not in result.output

@@ -11,9 +11,11 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from splitkv_tune import export as ex
 from splitkv_tune import tunables
 from splitkv_tune.cli_tables import export, select
-from splitkv_tune.export import JSON_SCHEMA_VERSION, SCHEMA_PATH, export_json, load_json, read_table_file
+from splitkv_tune.export import (JSON_SCHEMA_VERSION, SCHEMA_PATH, export_csv, export_json, load_json,
+                                 read_table_file)
 from splitkv_tune.export_cpp import export_cpp_header
 from splitkv_tune.selector import HeuristicTable, select_shape
 from splitkv_tune.table_schema import TableError, read_heuristics
@@ -90,22 +92,50 @@ def without_balance(doc: dict) -> dict:
     return {k: v for k, v in doc["_metadata"]["lookup"].items() if k not in ("sms", "sm_balance_pct")}
 
 
+def _bad_docs(good: dict):
+    """(name, document, the reader's problem) of exports that the schema refuses."""
+    key = next(k for k in good if k != "_metadata")
+    entry, meta = good[key], good["_metadata"]
+    yield "no splits", {**good, key: {**entry, "num_splits": 0}}, "num_splits must be in [1, 128]"
+    yield "code in a name", {**good, key: {**entry, "split_policy": 'x";system("x")'}}, "split_policy must be one of"
+    yield "bad key", {**good, "causal=2,batch=1": entry}, "keys must be 'causal={causal},batch={batch}"
+    yield "key overriding the metadata", {**good, key + ",dtype=fp16": entry}, "keys must be"
+    yield "version 3", {**good, "_metadata": {**meta, "schema_version": 3}}, "schema_version is 3"
+    yield "no SM balance", {**good, "_metadata": {**meta, "lookup": without_balance(good)}}, \
+        "_metadata.lookup has no sms, sm_balance_pct"
+    yield "splits as text", {**good, key: {**entry, "num_splits": "16"}}, 'num_splits must be an integer, got "16"'
+    yield "time as text", {**good, key: {**entry, "median_us": "9.5"}}, 'median_us must be a number, got "9.5"'
+    yield "no p80", {**good, key: {k: v for k, v in entry.items() if k != "p80_us"}}, "missing keys: p80_us"
+    yield "unknown entry key", {**good, key: {**entry, "speed": 1}}, "unknown keys: speed"
+    yield "unknown metadata key", {**good, "_metadata": {**meta, "note": "x"}}, "_metadata: unknown keys: note"
+    yield "zero time", {**good, key: {**entry, "median_us": 0, "p20_us": 0}}, "median_us must be > 0"
+    yield "null time", {**good, key: {**entry, "median_us": None}}, "median_us is null"
+    yield "a batch table", {"_metadata": meta, "classes": []}, "this is a batch-class table"
+
+
 def test_schema_rejects_what_the_reader_rejects(tmp_path):
+    """Each bad export gives a TableError naming the file and the problem, and the schema refuses it too."""
     path, = [p for p in export_json(read_heuristics(HEURISTICS), tmp_path)
              if "bf16,head_dim=128" in p.name]
-    good = json.loads(path.read_text())
-    key = next(k for k in good if k != "_metadata")
-    bad_docs = [{**good, key: {**good[key], "num_splits": 0}},
-                {**good, key: {**good[key], "split_policy": 'x";system("x")'}},
-                {**good, "causal=2,batch=1": good[key]},
-                {**good, "_metadata": {**good["_metadata"], "schema_version": 3}},
-                {**good, "_metadata": {**good["_metadata"], "lookup": without_balance(good)}}]
-    for i, doc in enumerate(bad_docs):
-        assert list(_validator().iter_errors(doc)), i
-        bad = tmp_path / f"bad{i}.json"
+    for name, doc, problem in _bad_docs(json.loads(path.read_text())):
+        assert list(_validator().iter_errors(doc)), name
+        bad = tmp_path / "bad.json"
         bad.write_text(json.dumps(doc))
-        with pytest.raises(TableError):
+        with pytest.raises(TableError) as err:
             load_json([bad])
+        assert str(err.value).startswith(f"{bad}: ") and problem in str(err.value), (name, str(err.value))
+
+
+def test_duplicate_keys_are_refused(tmp_path):
+    path, = [p for p in export_json(read_heuristics(HEURISTICS), tmp_path)
+             if "bf16,head_dim=128" in p.name]
+    text = path.read_text()
+    key = next(k for k in json.loads(text) if k != "_metadata")
+    entry = json.dumps(json.loads(text)[key])
+    bad = tmp_path / "dup.json"
+    bad.write_text(text.rstrip().rstrip("}") + f', "{key}": {entry}}}')
+    with pytest.raises(TableError, match=f"duplicate keys: {key}"):
+        load_json([bad])
 
 
 def test_version_1_json_still_reads_and_an_unknown_version_is_named(tmp_path):
@@ -204,6 +234,23 @@ def test_one_header_for_several_gpus_dispatches_by_name_and_sms(tmp_path, random
     assert len(out) == len(cases) and not mismatches, mismatches[:5]
     assert {w.split()[-1] for w in want if w != "none"} == {"0", "1", "2"}
     assert raised > 0  # the H200 profile's SM balance (balance_splits) is among the choices compared
+
+
+def test_cli_exports_csv_and_the_header_to_stdout(tmp_path):
+    """-o - writes the CSV or the header to stdout, as the file would hold it; JSON needs a directory."""
+    for fmt, writer in (("csv", lambda out: export_csv(read_heuristics(HEURISTICS), out)),
+                        ("cpp-header", lambda out: export_cpp_header([HeuristicTable(read_heuristics(HEURISTICS))],
+                                                                     out))):
+        result = CliRunner().invoke(export, ["--format", fmt, "--table", str(HEURISTICS), "-o", "-"])
+        assert result.exit_code == 0, result.output
+        assert result.output == writer(tmp_path / fmt).read_text()
+    result = CliRunner().invoke(export, ["--format", "json", "--table", str(HEURISTICS), "-o", "-"])
+    assert result.exit_code == 2 and "give a directory" in result.output and not Path("-").exists()
+    # An exported JSON file is a --table too: its CSV is the CSV of its dtype and head dim.
+    path, = [p for p in export_json(read_heuristics(HEURISTICS), tmp_path / "json") if "bf16,head_dim=128" in p.name]
+    result = CliRunner().invoke(export, ["--format", "csv", "--table", str(path), "-o", "-"])
+    assert result.exit_code == 0, result.output
+    assert result.output == ex.csv_text(read_heuristics(HEURISTICS).query("dtype == 'bf16' and head_dim == 128"))
 
 
 def test_cli_exports_one_header_for_several_gpus(tmp_path):

@@ -101,3 +101,8 @@ def test_select_paged_prints_the_knobs_the_call_uses():
     assert f"paged knobs: block_kv=64 min_blocks_per_split={want[1]} max_splits={want[2]}" in text
     bad = CliRunner().invoke(main, args[:3] + ["no_such_gpu"] + args[4:])
     assert bad.exit_code != 0 and "Traceback" not in bad.output
+    # The equal-length table is no paged call's: refused, not ignored (even a file that does not exist).
+    bad = CliRunner().invoke(main, args + ["--table", "no_such_table.csv"])
+    assert bad.exit_code == 2 and "a paged call's knobs come from --batch-table" in bad.output
+    modelled = CliRunner().invoke(main, args + ["--lengths", "65536,1024", "--batch", "2", "--ctas-per-sm", "2"])
+    assert modelled.exit_code == 0 and "batch table: none (the model of --ctas-per-sm)" in modelled.output
