@@ -111,13 +111,10 @@ def _check_record(rec: dict) -> None:
     """What one row's cells must agree on; ``ValueError`` naming the columns."""
     if rec["q_heads"] % rec["kv_heads"]:
         raise ValueError(f"q_heads ({rec['q_heads']}) is not a multiple of kv_heads ({rec['kv_heads']})")
-    allowed = tunables.BLOCK_KV_BY_HEAD_DIM[rec["head_dim"]]
-    for col in ("block_kv", "runner_up_block_kv"):
-        if rec.get(col) is not None and rec[col] not in allowed:
-            raise ValueError(f"{col} must be one of {allowed} at head_dim {rec['head_dim']}, got {rec[col]}")
-    for prefix in ("", "runner_up_"):  # the kernel's range of the knob, which depends on block_kv
+    for prefix in ("", "runner_up_"):  # the kernel's ranges: block_kv by head dim, the knob by block_kv
         if rec.get(prefix + "block_kv") is not None:
             try:
+                tunables.check_block_kv_at(rec[prefix + "block_kv"], rec["head_dim"])
                 plan.check_plan_knobs(rec[prefix + "block_kv"], rec[prefix + "min_blocks_per_split"],
                                       rec[prefix + "max_splits"])
             except ValueError as exc:

@@ -21,7 +21,7 @@ from splitkv_tune.batch_table import (_CHOICES, _FLOATS, _NAMES, BATCH_SCHEMA_VE
                                       RUNNER_UP_COLUMNS, SPLIT_PLAN_COLUMNS, keep_batch_gpu, read_batch_table,
                                       validate_batch_records)
 from splitkv_tune.gpus import device_names as profile_device_names
-from splitkv_tune.table_schema import NAME_RE, TableError, check_keys, rows_named
+from splitkv_tune.table_schema import NAME_RE, TableError, check_keys, json_cell, read_json, rows_named
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "batch_table.schema.json"
 CLASS_KEYS = BATCH_TABLE_COLUMNS[2:]  # less schema_version and gpu, which _metadata holds
@@ -61,17 +61,10 @@ def write_batch_table_json(path, records) -> Path:
 
 
 def _json_cell(col: str, value) -> str:
-    """One class value as the CSV cell it stands for; ``ValueError`` for the wrong JSON type
-    (a number as text, text as a number, true/false, null where a value must be)."""
-    if value is None:
-        if col in RUNNER_UP_COLUMNS:
-            return ""
-        raise ValueError(f"{col} is null")
-    text = col in _NAMES or col in _CHOICES
-    if isinstance(value, bool) or isinstance(value, str) != text or not isinstance(value, (str, int, float)):
-        kind = "a string" if text else "a number" if col in _FLOATS else "an integer"
-        raise ValueError(f"{col} must be {kind}, got {json.dumps(value)[:40]}")
-    return value if text else str(value)  # 64.0 for an integer reads as '64.0', which the cell check refuses
+    """One class value as the CSV cell it stands for (``table_schema.json_cell`` with the batch
+    table's columns)."""
+    return json_cell(col, value, optional=frozenset(RUNNER_UP_COLUMNS), text=frozenset({*_NAMES, *_CHOICES}),
+                     floats=frozenset(_FLOATS))
 
 
 def _check_metadata(meta) -> dict:
@@ -124,14 +117,7 @@ def _raw_rows(doc) -> tuple[list[str], list[dict]]:
 def read_batch_table_json(path, gpu: str | None = None) -> list[dict]:
     """Read and validate a batch table's JSON file: the records ``read_batch_table`` gives for
     its CSV (with ``gpu``, that GPU's only); ``TableError`` naming the file and the problem."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise TableError(path, "no such file") from None
-    except IsADirectoryError:
-        raise TableError(path, "is a directory, not a JSON file") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise TableError(path, f"not JSON ({str(exc).strip()[:80]})") from None
+    doc = read_json(path, "a splitkv-tune batch table JSON")
     try:
         header, rows = _raw_rows(doc)
     except ValueError as exc:

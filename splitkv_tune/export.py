@@ -19,6 +19,7 @@ reads either format.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -33,7 +34,7 @@ from splitkv_tune.interpolation import Q, WAVE_ROUNDING_FROM, fits_block_kv, wav
 from splitkv_tune.selector import NEIGHBOURS, SK_DROP_BITS, HeuristicTable, _profiles
 from splitkv_tune.table_schema import (HEURISTICS_COLUMNS, NAME_RE, PER_BLOCK_KV_COLUMNS, SCHEMA_VERSION,
                                        SHAPE_COLUMNS, TableError, check_keys, json_cell, keep_gpu, read_heuristics,
-                                       rows_named, validate_heuristics)
+                                       read_json, rows_named, validate_heuristics)
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "heuristics.schema.json"
 # The JSON's own version (``_metadata.schema_version``), apart from the CSV table's: 2 added
@@ -50,8 +51,14 @@ _KEY_RE = re.compile(",".join(f"{c}=({'[01]' if c == 'causal' else '[1-9][0-9]*'
 _ENTRY_COLUMNS = [c for c in HEURISTICS_COLUMNS
                   if c not in ["schema_version", "gpu"] + SHAPE_COLUMNS]
 _REQUIRED_ENTRY_COLUMNS = [c for c in _ENTRY_COLUMNS if c not in {c for pair in PER_BLOCK_KV_COLUMNS for c in pair}]
-_META_KEYS = ["schema_version", "gpu", "device_name", "device_names", "dtype", "head_dim", "run_ids", "tool",
-              "tool_version", "key_format", "lookup"]
+
+
+@functools.cache
+def _schema_keys() -> tuple[list[str], list[str]]:
+    """The keys the schema requires of ``_metadata`` and of every version's ``lookup`` (the
+    schema is their one definition; LOOKUP_KEYS_OF_VERSION adds the later versions' own)."""
+    meta = json.loads(SCHEMA_PATH.read_text())["properties"]["_metadata"]
+    return meta["required"], meta["properties"]["lookup"]["required"]
 
 
 def _safe(name: str) -> str:
@@ -153,12 +160,41 @@ def export_json(df: pd.DataFrame, out_dir, gpu: str | None = None, source="<tabl
     return paths
 
 
-def _unique_keys(pairs):
-    keys = [k for k, _ in pairs]
-    repeated = sorted({k for k in keys if keys.count(k) > 1})
-    if repeated:
-        raise ValueError(f"duplicate keys: {', '.join(repeated[:3])}")
-    return dict(pairs)
+def _check_metadata(meta: dict) -> dict:
+    """The CSV cells ``_metadata`` gives every row; ``ValueError`` naming ``_metadata`` and what the
+    schema refuses in it (the lookup's constants are the reader's of the file, not this tool's: only
+    their keys are checked)."""
+    meta_keys, lookup_keys = _schema_keys()
+    check_keys("_metadata", meta, meta_keys, meta_keys)
+    version = meta["schema_version"]
+    if type(version) is not int or version not in LOOKUP_KEYS_OF_VERSION:
+        raise ValueError(f"schema_version is {version!r}, this tool reads exported "
+                         f"JSON of version {' or '.join(map(str, LOOKUP_KEYS_OF_VERSION))}")
+    if meta["key_format"] != KEY_FORMAT:
+        raise ValueError(f"_metadata.key_format must be {KEY_FORMAT!r}")
+    if meta["tool"] != "splitkv-tune":
+        raise ValueError("_metadata.tool must be 'splitkv-tune'")
+    for key in ("device_names", "run_ids"):
+        names = meta[key]
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) and NAME_RE.fullmatch(n)
+                                                                for n in names):
+            raise ValueError(f"_metadata.{key} must be a list of names matching {NAME_RE.pattern}")
+    for key in ("gpu", "device_name", "tool_version"):
+        if not isinstance(meta[key], str) or not NAME_RE.fullmatch(meta[key]):
+            raise ValueError(f"_metadata.{key} must be a name matching {NAME_RE.pattern}")
+    for key, allowed in (("dtype", tunables.DTYPES), ("head_dim", tunables.HEAD_DIMS)):
+        if type(meta[key]) is not type(allowed[0]) or meta[key] not in allowed:
+            raise ValueError(f"_metadata.{key} must be one of {allowed}, got {json.dumps(meta[key])[:40]}")
+    lookup = meta["lookup"]
+    if not isinstance(lookup, dict):
+        raise ValueError("_metadata.lookup must be an object")
+    required = lookup_keys + list(LOOKUP_KEYS_OF_VERSION[version])
+    missing = [k for k in required if k not in lookup]
+    if missing:
+        raise ValueError(f"_metadata.lookup has no {', '.join(missing)}, which version {version} requires")
+    check_keys("_metadata.lookup", lookup, required, lookup_keys + list(LOOKUP_KEYS_OF_VERSION[JSON_SCHEMA_VERSION]))
+    return {"schema_version": str(SCHEMA_VERSION), "gpu": meta["gpu"], "dtype": meta["dtype"],
+            "head_dim": str(meta["head_dim"])}
 
 
 def _json_rows(doc) -> list[tuple[str, dict]]:
@@ -166,24 +202,10 @@ def _json_rows(doc) -> list[tuple[str, dict]]:
     (schemas/heuristics.schema.json) refuses: keys, types and the shape key's format."""
     if not isinstance(doc, dict) or not isinstance(doc.get("_metadata"), dict):
         raise ValueError("the top level must be an object with a _metadata object and one entry per shape")
-    meta = doc["_metadata"]
     if "classes" in doc:
         raise ValueError("this is a batch-class table (`splitkv-tune batch-table`), not a heuristics export; "
                          "it is a --batch-table")
-    check_keys("_metadata", meta, _META_KEYS, _META_KEYS)
-    version = meta["schema_version"]
-    if type(version) is not int or version not in LOOKUP_KEYS_OF_VERSION:
-        raise ValueError(f"schema_version is {version!r}, this tool reads exported "
-                         f"JSON of version {' or '.join(map(str, LOOKUP_KEYS_OF_VERSION))}")
-    if not isinstance(meta["lookup"], dict):
-        raise ValueError("_metadata.lookup must be an object")
-    missing = [k for k in LOOKUP_KEYS_OF_VERSION[version] if k not in meta["lookup"]]
-    if missing:
-        raise ValueError(f"_metadata.lookup has no {', '.join(missing)}, which version {version} requires")
-    if meta["key_format"] != KEY_FORMAT:
-        raise ValueError(f"_metadata.key_format must be {KEY_FORMAT!r}")
-    context = {"schema_version": str(SCHEMA_VERSION), "gpu": json_cell("gpu", meta["gpu"]),
-               "dtype": json_cell("dtype", meta["dtype"]), "head_dim": json_cell("head_dim", meta["head_dim"])}
+    context = _check_metadata(doc["_metadata"])
     rows = []
     for key, entry in doc.items():
         if key == "_metadata":
@@ -206,14 +228,7 @@ def load_json(paths) -> pd.DataFrame:
     """Read exported JSON files back into a validated heuristics table."""
     rows, entries = [], []  # entries: (file, key) of each row
     for path in paths:
-        try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
-        except FileNotFoundError:
-            raise TableError(path, "no such file") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise TableError(path, f"not JSON ({str(exc).strip()[:80]})") from None
-        except ValueError as exc:  # _unique_keys
-            raise TableError(path, f"not an exported splitkv-tune JSON table: {exc}") from None
+        doc = read_json(path, "an exported splitkv-tune JSON table")
         try:
             for key, row in _json_rows(doc):
                 entries.append((path, key))

@@ -51,8 +51,8 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, same_batch: bo
         if not t.dtype.is_floating_point:
             raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
         if min(t.shape[i] for i in ((0, 1, 2, 3) if name == "q" else (0, 2, 3))) < 1:
-            raise ValueError(f"{name} must have at least one entry in each dim (batch, seqlen, heads, head_dim), "
-                             f"got shape {tuple(t.shape)}")
+            dims = "batch, seqlen, heads, head_dim" if name == "q" else "batch or pages, heads, head_dim"
+            raise ValueError(f"{name} must have at least one entry in each dim ({dims}), got shape {tuple(t.shape)}")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     if (same_batch and q.shape[0] != k.shape[0]) or q.shape[3] != k.shape[3]:
@@ -253,11 +253,12 @@ def splitkv_attention_ref(q, k, v, *, causal=False, softmax_scale=None, num_spli
                           min_blocks_per_split=1, plan_ctas=None):
     """Split-KV attention in PyTorch: :func:`splitkv_partials_ref` + :func:`combine_partials_ref`.
 
-    The layouts and knob names of ``splitkv_tune.ops.splitkv_attention``, with every knob
-    explicit (no ``"auto"``): returns ``out`` ``(B, Sq, Hq, D)``, or ``(out, lse)`` with ``lse``
-    ``(B, Hq, Sq)``. There is no merge, workspace or launch to choose, ``plan_ctas`` stands for
+    The layouts and knob names of ``splitkv_tune.ops.splitkv_attention``, with the knobs given
+    (no ``"auto"``, except a paged call's ``split_policy``, whose splits are whole blocks either
+    way): returns ``out`` ``(B, Sq, Hq, D)``, or ``(out, lse)`` with ``lse`` ``(B, Hq, Sq)``.
+    There is no merge, workspace or launch to choose, ``plan_ctas`` stands for
     ``split_plan="load_aware"``, and the paged values are always checked (``check_inputs``).
-    Any floating dtype and head dim, at any ``block_kv``. float32/float64
+    Any floating dtype and head dim, with ``block_kv`` 32, 64 or 128 at any of them. float32/float64
     inputs are computed in their own dtype; fp16/bf16 inputs (the benchmark's reference
     backend, CPU or GPU) are upcast to float32, and ``out`` is cast back to ``q.dtype``
     while ``lse`` stays float32, as the kernel returns it. ``num_splits``, ``block_kv``

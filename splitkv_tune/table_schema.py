@@ -24,6 +24,7 @@ any problem raises :class:`TableError` naming the file and the problem.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import csv
 import json
@@ -170,6 +171,37 @@ def _parse_value(col: str, raw: str, optional=frozenset(_OPTIONAL)):
     return _parse_int(col, raw)
 
 
+def _unique_keys(pairs):
+    repeated = sorted(k for k, n in collections.Counter(k for k, _ in pairs).items() if n > 1)
+    if repeated:
+        raise ValueError(f"duplicate keys: {', '.join(repeated[:3])}")
+    return dict(pairs)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON has (the writers never emit it)")
+
+
+def read_json(path, what: str):
+    """The JSON document of a table file; ``TableError`` naming the file for a missing file, text
+    that is not JSON, nesting too deep to parse, and what JSON parsers let through but the writers
+    never emit: a repeated key (the last would win silently), NaN and Infinity. ``what`` names the
+    kind of table in the last errors."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=_unique_keys,
+                          parse_constant=_no_constant)
+    except FileNotFoundError:
+        raise TableError(path, "no such file") from None
+    except IsADirectoryError:
+        raise TableError(path, "is a directory, not a JSON file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TableError(path, f"not JSON ({str(exc).strip()[:80]})") from None
+    except RecursionError:
+        raise TableError(path, "not JSON this tool reads (nested too deeply)") from None
+    except ValueError as exc:  # _unique_keys, _no_constant
+        raise TableError(path, f"not {what}: {exc}") from None
+
+
 def check_keys(where: str, obj: dict, required, allowed) -> None:
     """``ValueError`` naming the keys of a JSON object that are missing or unknown."""
     missing = [k for k in required if k not in obj]
@@ -182,10 +214,11 @@ def check_keys(where: str, obj: dict, required, allowed) -> None:
                               unknown and "unknown keys: " + ", ".join(unknown)) if part))
 
 
-def json_cell(col: str, value) -> str:
-    """A heuristics value of a JSON file as the CSV cell it stands for, for the same checks;
-    ``ValueError`` for the wrong JSON type (a number as text, text as a number, true/false, null
-    where a value must be).
+def json_cell(col: str, value, *, optional=frozenset(_OPTIONAL), text=frozenset({*_CHOICES, "gpu", "run_id"}),
+              floats=frozenset(_FLOATS)) -> str:
+    """A value of a JSON table as the CSV cell it stands for, for the same checks; ``ValueError``
+    for the wrong JSON type (a number as text, text as a number, true/false, null where a value
+    must be). The column sets default to the heuristics table's (the batch table passes its own).
 
     >>> json_cell("num_splits", 16), json_cell("p20_us", None)
     ('16', '')
@@ -195,14 +228,14 @@ def json_cell(col: str, value) -> str:
     ValueError: num_splits must be an integer, got "16"
     """
     if value is None:
-        if col in _OPTIONAL:
+        if col in optional:
             return ""
         raise ValueError(f"{col} is null")
-    text = col in _CHOICES or col in ("gpu", "run_id")
-    if isinstance(value, bool) or isinstance(value, str) != text or not isinstance(value, (str, int, float)):
-        kind = "a string" if text else "a number" if col in _FLOATS else "an integer"
+    is_text = col in text
+    if isinstance(value, bool) or isinstance(value, str) != is_text or not isinstance(value, (str, int, float)):
+        kind = "a string" if is_text else "a number" if col in floats else "an integer"
         raise ValueError(f"{col} must be {kind}, got {json.dumps(value)[:40]}")
-    return value if text else str(value)  # 16.0 for an integer reads as '16.0', which the cell check refuses
+    return value if is_text else str(value)  # 16.0 for an integer reads as '16.0', which the cell check refuses
 
 
 def _validate_records(present, rows, columns: list[str], source,
@@ -281,14 +314,13 @@ def _check_heuristics_records(records: list[dict], source) -> None:
         if key in seen:
             raise TableError(source, "duplicate shape (same GPU and shape as an earlier row)", row=i)
         seen.add(key)
-        for us in ("median_us", "runner_up_us"):  # times are divided by: the noise margin, the ratios
+        # Times are divided by: the noise margin, the ratios, the interpolation's votes.
+        for us in ("median_us", "runner_up_us", *(us for us, _ in PER_BLOCK_KV_COLUMNS)):
             if not missing_cell(r.get(us)) and r[us] <= 0:
                 raise TableError(source, f"{us} must be > 0, got {r[us]}", row=i)
         for us, splits in PER_BLOCK_KV_COLUMNS:
             if missing_cell(r.get(us)) != missing_cell(r.get(splits)):
                 raise TableError(source, f"{us} and {splits} go together (both empty, or both given)", row=i)
-            if not missing_cell(r.get(us)) and r[us] <= 0:
-                raise TableError(source, f"{us} must be > 0, got {r[us]}", row=i)
         given = [b for b, (us, _) in zip(tunables.BLOCK_KV, PER_BLOCK_KV_COLUMNS) if not missing_cell(r.get(us))]
         if given and r["block_kv"] not in given:
             raise TableError(source, f"best_us_kv{r['block_kv']} is empty, but the "

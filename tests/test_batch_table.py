@@ -298,7 +298,10 @@ def test_bad_json_files(tmp_path):
     (tmp_path / "heuristics.json").write_text(json.dumps(export))
     (tmp_path / "v1.json").write_text(json.dumps({**export, "_metadata": {**export["_metadata"], "schema_version": 1}}))
     heuristics = "this is a heuristics export (`splitkv-tune export --format json`: one entry per shape)"
+    (tmp_path / "deep.json").write_text("[" * 100_000)
+    (tmp_path / "twice.json").write_text('{"_metadata": {}, "_metadata": {}}')
     for name, problem in [("text.json", "not JSON"), ("list.json", "the document must be an object"),
+                          ("deep.json", "nested too deeply"), ("twice.json", "duplicate keys: _metadata"),
                           ("dir.json", "is a directory"), ("absent.json", "no such file"),
                           ("heuristics.json", heuristics), ("v1.json", heuristics)]:
         with pytest.raises(TableError) as err:

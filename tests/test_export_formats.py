@@ -111,6 +111,28 @@ def _bad_docs(good: dict):
     yield "zero time", {**good, key: {**entry, "median_us": 0, "p20_us": 0}}, "median_us must be > 0"
     yield "null time", {**good, key: {**entry, "median_us": None}}, "median_us is null"
     yield "a batch table", {"_metadata": meta, "classes": []}, "this is a batch-class table"
+    yield "metadata dtype", {**good, "_metadata": {**meta, "dtype": "fp32"}}, \
+        "_metadata.dtype must be one of ('fp16', 'bf16'), got \"fp32\""
+    yield "metadata head_dim", {**good, "_metadata": {**meta, "head_dim": 100}}, \
+        "_metadata.head_dim must be one of (64, 96, 128, 256), got 100"
+    yield "device names", {**good, "_metadata": {**meta, "device_names": "x"}}, "_metadata.device_names must be a list"
+    yield "device name", {**good, "_metadata": {**meta, "device_name": "NVIDIA H200"}}, "_metadata.device_name must"
+    yield "tool", {**good, "_metadata": {**meta, "tool": "other"}}, "_metadata.tool must be 'splitkv-tune'"
+    lookup = meta["lookup"]
+    yield "lookup key missing", {**good, "_metadata": {**meta, "lookup": {k: v for k, v in lookup.items()
+                                                                       if k != "neighbours"}}}, \
+        "_metadata.lookup has no neighbours"
+    yield "lookup key unknown", {**good, "_metadata": {**meta, "lookup": {**lookup, "extra": 1}}}, \
+        "_metadata.lookup: unknown keys: extra"
+
+
+def test_the_reader_takes_the_schemas_keys():
+    schema = json.loads(SCHEMA_PATH.read_text())
+    entry = schema["$defs"]["entry"]
+    assert entry["required"] == ex._REQUIRED_ENTRY_COLUMNS and list(entry["properties"]) == ex._ENTRY_COLUMNS
+    meta = schema["properties"]["_metadata"]
+    assert ex._schema_keys() == (meta["required"], meta["properties"]["lookup"]["required"])
+    assert meta["then"]["properties"]["lookup"]["required"] == list(ex.LOOKUP_KEYS_OF_VERSION[2])
 
 
 def test_schema_rejects_what_the_reader_rejects(tmp_path):
@@ -124,6 +146,20 @@ def test_schema_rejects_what_the_reader_rejects(tmp_path):
         with pytest.raises(TableError) as err:
             load_json([bad])
         assert str(err.value).startswith(f"{bad}: ") and problem in str(err.value), (name, str(err.value))
+
+
+def test_what_json_itself_allows_and_the_writer_never_emits_is_refused(tmp_path):
+    """NaN and nesting too deep for the parser: a named error, not a traceback."""
+    path, = [p for p in export_json(read_heuristics(HEURISTICS), tmp_path)
+             if "bf16,head_dim=128" in p.name]
+    nan = tmp_path / "nan.json"
+    nan.write_text(path.read_text().replace('"p20_us": ', '"p20_us": NaN, "x": ', 1))
+    with pytest.raises(TableError, match="NaN is not a number JSON has"):
+        load_json([nan])
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)
+    with pytest.raises(TableError, match="nested too deeply"):
+        load_json([deep])
 
 
 def test_duplicate_keys_are_refused(tmp_path):

@@ -13,7 +13,9 @@ says only "two CTAs a SM"; its peak of live registers says how far it is from th
 
     PYTHONPATH=$PWD python3 tools/kernel_liveness.py [--dtype bf16] [--head-dim 128] [--block-m 16] [--block-kv 64]
 
-Needs nvdisasm (CUDA toolkit, or `pip install nvidia-cuda-nvdisasm`); about 20 s an instantiation here.
+Needs nvcc (it compiles the instantiation as tools/kernel_registers.py does) and nvdisasm (CUDA
+toolkit, or `pip install nvidia-cuda-nvdisasm`); about 20 s an instantiation here. R1, the stack
+pointer, is live and untouched through every loop, so "carried" counts it in both kernels.
 """
 import argparse
 import re
