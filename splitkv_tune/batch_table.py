@@ -51,7 +51,7 @@ from pathlib import Path
 
 from splitkv_tune import batches, live, plan, tunables
 from splitkv_tune.gpus import resolve_gpu
-from splitkv_tune.table_schema import MAX_DIM, NAME_RE, TableError, _parse_float, _parse_int, _show
+from splitkv_tune.table_schema import MAX_DIM, NAME_RE, TableError, _parse_float, _parse_int, _show, opening_table
 
 BATCH_SCHEMA_VERSION = 3
 # Versions the reader takes: v2 had no split plan (every row "fixed").
@@ -155,17 +155,10 @@ def _refuse_v1(header, source) -> None:
 
 def read_csv_rows(path) -> tuple[list[str], list[dict]]:
     """(header, rows as dicts of strings) of a CSV; ``TableError`` when it cannot be read."""
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f, skipinitialspace=True)
-            rows = list(reader)
-            header = reader.fieldnames
-    except FileNotFoundError:
-        raise TableError(path, "no such file") from None
-    except IsADirectoryError:
-        raise TableError(path, "is a directory, not a CSV file") from None
-    except (csv.Error, UnicodeDecodeError) as exc:
-        raise TableError(path, f"not a readable CSV ({str(exc).strip()[:80]})") from None
+    with opening_table(path, "CSV", (csv.Error,), "not a readable CSV"), open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f, skipinitialspace=True)
+        rows = list(reader)
+        header = reader.fieldnames
     if header is None:
         raise TableError(path, "empty file (no header, no rows)")
     return header, rows

@@ -21,7 +21,8 @@ from splitkv_tune.batch_table import (_CHOICES, _FLOATS, _NAMES, BATCH_SCHEMA_VE
                                       RUNNER_UP_COLUMNS, SPLIT_PLAN_COLUMNS, keep_batch_gpu, read_batch_table,
                                       validate_batch_records)
 from splitkv_tune.gpus import device_names as profile_device_names
-from splitkv_tune.table_schema import NAME_RE, TableError, check_keys, json_cell, read_json, rows_named
+from splitkv_tune.table_schema import (TableError, check_export_metadata, check_keys, json_cell, read_json,
+                                       refuse_other_json_table, rows_named)
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "batch_table.schema.json"
 CLASS_KEYS = BATCH_TABLE_COLUMNS[2:]  # less schema_version and gpu, which _metadata holds
@@ -73,14 +74,7 @@ def _check_metadata(meta) -> dict:
     check_keys("_metadata", meta, META_KEYS, META_KEYS)
     if type(meta["schema_version"]) is not int:
         raise ValueError(f"_metadata: schema_version must be an integer, got {json.dumps(meta['schema_version'])}")
-    names = meta["device_names"]
-    if (not isinstance(names, list) or not names
-            or not all(isinstance(n, str) and NAME_RE.fullmatch(n) for n in names + [meta["device_name"]])
-            or meta["device_name"] not in names):
-        raise ValueError(f"_metadata: device_name and device_names must be names matching {NAME_RE.pattern}, "
-                         "the device_name among the device_names")
-    if meta["tool"] != "splitkv-tune" or not isinstance(meta["tool_version"], str):
-        raise ValueError("_metadata: tool must be 'splitkv-tune' and tool_version a string")
+    check_export_metadata(meta)
     return meta
 
 
@@ -89,10 +83,7 @@ def _raw_rows(doc) -> tuple[list[str], list[dict]]:
     naming the problem."""
     if not isinstance(doc, dict):
         raise ValueError("the document must be an object")
-    meta = doc.get("_metadata")
-    if isinstance(meta, dict) and "key_format" in meta:
-        raise ValueError("this is a heuristics export (`splitkv-tune export --format json`: one entry per shape), "
-                         "not a batch-class table; it is a --table, read by splitkv_tune.export.load_json")
+    refuse_other_json_table(doc, "batch")
     check_keys("the document", doc, ["_metadata", "classes"], ["_metadata", "classes"])
     meta = _check_metadata(doc["_metadata"])
     classes = doc["classes"]

@@ -33,8 +33,9 @@ from splitkv_tune.gpus import GpuProfile
 from splitkv_tune.interpolation import Q, WAVE_ROUNDING_FROM, fits_block_kv, wave_slots
 from splitkv_tune.selector import NEIGHBOURS, SK_DROP_BITS, HeuristicTable, _profiles
 from splitkv_tune.table_schema import (HEURISTICS_COLUMNS, NAME_RE, PER_BLOCK_KV_COLUMNS, SCHEMA_VERSION,
-                                       SHAPE_COLUMNS, TableError, check_keys, json_cell, keep_gpu, read_heuristics,
-                                       read_json, rows_named, validate_heuristics)
+                                       SHAPE_COLUMNS, TableError, check_export_metadata, check_keys, json_cell,
+                                       keep_gpu, read_heuristics, read_json, refuse_other_json_table, rows_named,
+                                       validate_heuristics)
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "heuristics.schema.json"
 # The JSON's own version (``_metadata.schema_version``), apart from the CSV table's: 2 added
@@ -172,27 +173,22 @@ def _check_metadata(meta: dict) -> dict:
                          f"JSON of version {' or '.join(map(str, LOOKUP_KEYS_OF_VERSION))}")
     if meta["key_format"] != KEY_FORMAT:
         raise ValueError(f"_metadata.key_format must be {KEY_FORMAT!r}")
-    if meta["tool"] != "splitkv-tune":
-        raise ValueError("_metadata.tool must be 'splitkv-tune'")
-    for key in ("device_names", "run_ids"):
-        names = meta[key]
-        if not isinstance(names, list) or not names or not all(isinstance(n, str) and NAME_RE.fullmatch(n)
-                                                                for n in names):
-            raise ValueError(f"_metadata.{key} must be a list of names matching {NAME_RE.pattern}")
-    for key in ("gpu", "device_name", "tool_version"):
-        if not isinstance(meta[key], str) or not NAME_RE.fullmatch(meta[key]):
-            raise ValueError(f"_metadata.{key} must be a name matching {NAME_RE.pattern}")
+    check_export_metadata(meta)
+    runs = meta["run_ids"]
+    if not isinstance(runs, list) or not runs or not all(isinstance(r, str) and NAME_RE.fullmatch(r) for r in runs):
+        raise ValueError(f"_metadata.run_ids must be a list of names matching {NAME_RE.pattern}")
+    if not isinstance(meta["gpu"], str) or not NAME_RE.fullmatch(meta["gpu"]):
+        raise ValueError(f"_metadata.gpu must be a name matching {NAME_RE.pattern}")
     for key, allowed in (("dtype", tunables.DTYPES), ("head_dim", tunables.HEAD_DIMS)):
         if type(meta[key]) is not type(allowed[0]) or meta[key] not in allowed:
             raise ValueError(f"_metadata.{key} must be one of {allowed}, got {json.dumps(meta[key])[:40]}")
     lookup = meta["lookup"]
     if not isinstance(lookup, dict):
         raise ValueError("_metadata.lookup must be an object")
-    required = lookup_keys + list(LOOKUP_KEYS_OF_VERSION[version])
-    missing = [k for k in required if k not in lookup]
+    missing = [k for k in lookup_keys + list(LOOKUP_KEYS_OF_VERSION[version]) if k not in lookup]
     if missing:
         raise ValueError(f"_metadata.lookup has no {', '.join(missing)}, which version {version} requires")
-    check_keys("_metadata.lookup", lookup, required, lookup_keys + list(LOOKUP_KEYS_OF_VERSION[JSON_SCHEMA_VERSION]))
+    check_keys("_metadata.lookup", lookup, (), lookup_keys + list(LOOKUP_KEYS_OF_VERSION[JSON_SCHEMA_VERSION]))
     return {"schema_version": str(SCHEMA_VERSION), "gpu": meta["gpu"], "dtype": meta["dtype"],
             "head_dim": str(meta["head_dim"])}
 
@@ -202,9 +198,7 @@ def _json_rows(doc) -> list[tuple[str, dict]]:
     (schemas/heuristics.schema.json) refuses: keys, types and the shape key's format."""
     if not isinstance(doc, dict) or not isinstance(doc.get("_metadata"), dict):
         raise ValueError("the top level must be an object with a _metadata object and one entry per shape")
-    if "classes" in doc:
-        raise ValueError("this is a batch-class table (`splitkv-tune batch-table`), not a heuristics export; "
-                         "it is a --batch-table")
+    refuse_other_json_table(doc, "heuristics")
     context = _check_metadata(doc["_metadata"])
     rows = []
     for key, entry in doc.items():

@@ -182,20 +182,29 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a number JSON has (the writers never emit it)")
 
 
+@contextlib.contextmanager
+def opening_table(path, kind: str, parse_errors: tuple, unreadable: str):
+    """A table file's reading errors as ``TableError`` naming it: no such file, a directory, or
+    text that is not ``kind`` (``parse_errors`` and undecodable bytes: ``unreadable (detail)``)."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise TableError(path, "no such file") from None
+    except IsADirectoryError:
+        raise TableError(path, f"is a directory, not a {kind} file") from None
+    except (*parse_errors, UnicodeDecodeError) as exc:
+        raise TableError(path, f"{unreadable} ({str(exc).strip()[:80]})") from None
+
+
 def read_json(path, what: str):
     """The JSON document of a table file; ``TableError`` naming the file for a missing file, text
     that is not JSON, nesting too deep to parse, and what JSON parsers let through but the writers
     never emit: a repeated key (the last would win silently), NaN and Infinity. ``what`` names the
     kind of table in the last errors."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=_unique_keys,
-                          parse_constant=_no_constant)
-    except FileNotFoundError:
-        raise TableError(path, "no such file") from None
-    except IsADirectoryError:
-        raise TableError(path, "is a directory, not a JSON file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TableError(path, f"not JSON ({str(exc).strip()[:80]})") from None
+        with opening_table(path, "JSON", (json.JSONDecodeError,), "not JSON"):
+            return json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=_unique_keys,
+                              parse_constant=_no_constant)
     except RecursionError:
         raise TableError(path, "not JSON this tool reads (nested too deeply)") from None
     except ValueError as exc:  # _unique_keys, _no_constant
@@ -212,6 +221,35 @@ def check_keys(where: str, obj: dict, required, allowed) -> None:
         raise ValueError(f"{where}: " + "; ".join(
             part for part in (missing and "missing keys: " + ", ".join(missing),
                               unknown and "unknown keys: " + ", ".join(unknown)) if part))
+
+
+def check_export_metadata(meta: dict) -> None:
+    """What both JSON exports' ``_metadata`` hold alike (schemas/*.schema.json): the device
+    names, the device_name among them, the tool and its version; ``ValueError`` naming the key."""
+    names = meta["device_names"]
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and NAME_RE.fullmatch(n)
+                                                            for n in names):
+        raise ValueError(f"_metadata.device_names must be a list of names matching {NAME_RE.pattern}")
+    if meta["device_name"] not in names:
+        raise ValueError(f"_metadata.device_name must be a name matching {NAME_RE.pattern}, "
+                         "the device_name among the device_names")
+    if meta["tool"] != "splitkv-tune":
+        raise ValueError("_metadata.tool must be 'splitkv-tune'")
+    if not isinstance(meta["tool_version"], str) or not NAME_RE.fullmatch(meta["tool_version"]):
+        raise ValueError(f"_metadata.tool_version must be a name matching {NAME_RE.pattern}")
+
+
+def refuse_other_json_table(doc, kind: str) -> None:
+    """A JSON table of the other kind than ``kind`` ("heuristics" or "batch"), as its
+    ``_metadata`` or its ``classes`` tell: say which it is and what reads it (the CSVs'
+    counterpart is ``_refuse_batch_table``)."""
+    meta = doc.get("_metadata") if isinstance(doc, dict) else None
+    if kind == "batch" and isinstance(meta, dict) and "key_format" in meta:
+        raise ValueError("this is a heuristics export (`splitkv-tune export --format json`: one entry per shape), "
+                         "not a batch-class table; it is a --table, read by splitkv_tune.export.load_json")
+    if kind == "heuristics" and isinstance(doc, dict) and "classes" in doc:
+        raise ValueError("this is a batch-class table (`splitkv-tune batch-table`), not a heuristics export; "
+                         "it is a --batch-table")
 
 
 def json_cell(col: str, value, *, optional=frozenset(_OPTIONAL), text=frozenset({*_CHOICES, "gpu", "run_id"}),

@@ -1,9 +1,6 @@
 """tools/kernel_liveness.py on a small listing of the shape `nvdisasm --life-range-mode wide` writes."""
-import importlib.util
-import sys
-from pathlib import Path
+from tool_module import load_tool
 
-ROOT = Path(__file__).resolve().parents[1]
 # Where the listing puts each register's mark after "// |": under the last digit of its number in
 # the header "   # 0 1 2 3 4 5 6 7 8 9 10 11 |".
 COLUMN = {r: 5 + 2 * r for r in range(10)} | {10: 26, 11: 29}
@@ -45,14 +42,7 @@ LISTING = "\n".join([
 
 
 def _tool():
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        spec = importlib.util.spec_from_file_location("kernel_liveness", ROOT / "tools" / "kernel_liveness.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
-    return module
+    return load_tool("kernel_liveness")
 
 
 def test_the_listing_parses_into_each_instructions_live_and_touched_registers():

@@ -1,8 +1,6 @@
 """tools/ncu_source_summary.py on a small source page of the shape Nsight Compute writes."""
-import importlib.util
-from pathlib import Path
+from tool_module import load_tool
 
-ROOT = Path(__file__).resolve().parents[1]
 HEADER = ('"Line No","Source","Address","Source","Warp Stall Sampling (All Samples)",'
           '"Warp Stall Sampling (Not-issued Samples)","Instructions Executed","stall_long_sb","stall_wait",'
           '"stall_long_sb (Not Issued)"')
@@ -23,10 +21,7 @@ PAGE = "\n".join([
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("ncu_source_summary", ROOT / "tools" / "ncu_source_summary.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("ncu_source_summary")
 
 
 def test_each_instruction_counts_once_under_the_projects_line(tmp_path):
